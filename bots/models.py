@@ -1,0 +1,164 @@
+"""Receiving: bots, the inbox of updates, and consumer runs."""
+
+import re
+
+from django.core.exceptions import ValidationError
+from django.db import models
+from django.db.models import Q
+
+# Telegram's rule for secret_token: 1-256 characters of A-Z, a-z, 0-9, _ and -.
+WEBHOOK_SECRET_RE = re.compile(r"^[A-Za-z0-9_-]{1,256}$")
+BOT_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def validate_webhook_secret(value: str) -> None:
+    if value and not WEBHOOK_SECRET_RE.match(value):
+        raise ValidationError(
+            "A webhook secret is 1-256 characters of A-Z, a-z, 0-9, _ and - (Telegram's rule)."
+        )
+
+
+def validate_bot_name(value: str) -> None:
+    if not BOT_NAME_RE.match(value):
+        raise ValidationError("A bot name is 1-64 characters of A-Z, a-z, 0-9, _ and - (it is part of a URL).")
+
+
+class Responder(models.TextChoices):
+    ECHO = "echo", "echo"
+    OPENAI = "openai", "OpenAI-compatible model"
+    NONE = "none", "none (no auto-reply)"
+
+
+class Bot(models.Model):
+    name = models.CharField(
+        max_length=64, unique=True, validators=[validate_bot_name], help_text="Names the webhook URL."
+    )
+    token = models.CharField(max_length=200, help_text="Bot API token from @BotFather. Never shown after saving.")
+    webhook_secret = models.CharField(
+        max_length=256,
+        blank=True,
+        validators=[validate_webhook_secret],
+        help_text="Telegram sends it in X-Telegram-Bot-Api-Secret-Token; requests without it get 403.",
+    )
+    api_base_url = models.URLField(
+        blank=True, help_text="Bot API root for this bot; empty means TELEGRAM_API_BASE_URL."
+    )
+    is_active = models.BooleanField(default=True, help_text="Inactive bots answer 404 at the webhook.")
+    responder = models.CharField(
+        max_length=16, choices=Responder.choices, default=Responder.ECHO, help_text="Who writes auto-replies."
+    )
+    rate_limit = models.PositiveIntegerField(
+        default=30, help_text="Messages per second for this bot (Telegram: 30; paid broadcasts up to 1,000)."
+    )
+    openai_model = models.CharField(max_length=100, blank=True, help_text="Overrides DOVECOTE_OPENAI_MODEL.")
+    system_prompt = models.TextField(blank=True, help_text="System prompt for the openai responder.")
+    polling_offset = models.BigIntegerField(
+        default=0, help_text="Next getUpdates offset for poll_updates (development without a public URL)."
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def __repr__(self) -> str:
+        # Never the token.
+        return f"<Bot {self.name}>"
+
+    @property
+    def webhook_path(self) -> str:
+        return f"/webhooks/telegram/{self.name}/"
+
+
+class UpdateState(models.TextChoices):
+    NEW = "new", "new"
+    PROCESSING = "processing", "processing"
+    DONE = "done", "done (routed to consumers)"
+    FAILED = "failed", "failed"
+
+
+class InboundUpdate(models.Model):
+    """A Telegram update, stored before the webhook answers 200. Unique per (bot, update_id)."""
+
+    bot = models.ForeignKey(Bot, on_delete=models.PROTECT, related_name="updates")
+    update_id = models.BigIntegerField()
+    update_type = models.CharField(max_length=40, blank=True, help_text="message, callback_query, ...")
+    chat_id = models.BigIntegerField(null=True, blank=True)
+    chat_type = models.CharField(max_length=20, blank=True)
+    user_id = models.BigIntegerField(null=True, blank=True)
+    message_id = models.BigIntegerField(null=True, blank=True)
+    payload = models.JSONField(help_text="The Update exactly as Telegram sent it.")
+    state = models.CharField(max_length=16, choices=UpdateState.choices, default=UpdateState.NEW)
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(help_text="When routing is due (again).")
+    lease_owner = models.CharField(max_length=200, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    trace_id = models.CharField(max_length=64, db_index=True)
+    last_error = models.TextField(blank=True)
+    received_at = models.DateTimeField(auto_now_add=True)
+    processed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["bot", "update_id"], name="inbox_unique_update_per_bot"),
+        ]
+        indexes = [
+            models.Index(fields=["next_attempt_at"], name="inbox_due_idx", condition=Q(state="new")),
+            models.Index(fields=["lease_expires_at"], name="inbox_lease_idx", condition=Q(state="processing")),
+            models.Index(fields=["bot", "chat_id", "-received_at"], name="inbox_chat_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"update {self.update_id} of {self.bot_id} [{self.state}]"
+
+    @property
+    def text(self) -> str:
+        message = self.payload.get(self.update_type) or {}
+        return message.get("text") or message.get("caption") or "" if isinstance(message, dict) else ""
+
+
+class RunState(models.TextChoices):
+    PENDING = "pending", "pending"
+    RUNNING = "running", "running"
+    RETRY = "retry", "retry"
+    DONE = "done", "done"
+    FAILED = "failed", "failed (dead letter)"
+    CANCELLED = "cancelled", "cancelled"
+
+
+class ConsumerRun(models.Model):
+    """One consumer's processing of one update, retried independently of the others."""
+
+    update = models.ForeignKey(InboundUpdate, on_delete=models.CASCADE, related_name="runs")
+    bot = models.ForeignKey(Bot, on_delete=models.PROTECT, related_name="consumer_runs")
+    consumer = models.CharField(max_length=100)
+    state = models.CharField(max_length=16, choices=RunState.choices, default=RunState.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    max_attempts = models.PositiveIntegerField(default=5)
+    next_attempt_at = models.DateTimeField()
+    lease_owner = models.CharField(max_length=200, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    last_error_class = models.CharField(max_length=16, blank=True)
+    cancel_reason = models.TextField(blank=True)
+    trace_id = models.CharField(max_length=64, db_index=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["update", "consumer"], name="run_unique_consumer_per_update"),
+        ]
+        indexes = [
+            models.Index(
+                fields=["next_attempt_at"], name="run_due_idx", condition=Q(state__in=["pending", "retry"])
+            ),
+            models.Index(fields=["lease_expires_at"], name="run_lease_idx", condition=Q(state="running")),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.consumer} on update {self.update_id} [{self.state}]"

@@ -1,0 +1,205 @@
+"""Consumers: how developers extend Dovecote.
+
+A consumer is a function that processes one stored update. Register it in any app's
+`consumers.py` (discovered at start-up)::
+
+    from bots.registry import consumer
+
+    @consumer("greeter", update_types=["message"], chat_types=["private"])
+    def greet(ctx):
+        if ctx.text.startswith("/start"):
+            ctx.reply("Welcome!")
+
+Each update gets one ConsumerRun per matching consumer; runs are retried independently.
+Raise `TransientError` to retry with backoff, `PermanentError` to dead-letter at once,
+`AuthError` to pause this consumer while keeping its runs. Any other exception counts as
+transient (a bug is retried a few times, then dead-lettered).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from django.utils.module_loading import autodiscover_modules
+
+if TYPE_CHECKING:
+    import telegram
+
+    from bots.models import Bot, InboundUpdate
+    from outbox.models import OutboundMessage
+
+
+class ConsumerError(Exception):
+    error_class = "transient"
+
+
+class TransientError(ConsumerError):
+    """Try again later (the other side is down or slow)."""
+
+    error_class = "transient"
+
+
+class PermanentError(ConsumerError):
+    """Retrying cannot help (invalid data): dead-letter at once."""
+
+    error_class = "permanent"
+
+
+class AuthError(ConsumerError):
+    """The destination refuses our credentials: pause the consumer, keep its runs."""
+
+    error_class = "auth"
+
+
+DEFAULT_BACKOFF = (1.0, 10.0, 60.0, 300.0)
+
+
+@dataclass(frozen=True)
+class ConsumerSpec:
+    name: str
+    func: Callable[[ConsumerContext], Any]
+    update_types: frozenset[str] | None = None
+    chat_types: frozenset[str] | None = None
+    max_attempts: int = 5
+    backoff: Sequence[float] = DEFAULT_BACKOFF
+    max_age: timedelta = timedelta(hours=24)
+    enabled: Callable[[], bool] = field(default=lambda: True)
+
+    def wants(self, update: InboundUpdate) -> bool:
+        if not self.enabled():
+            return False
+        if self.update_types is not None and update.update_type not in self.update_types:
+            return False
+        return self.chat_types is None or update.chat_type in self.chat_types
+
+    def delay_after(self, attempt: int) -> float:
+        """Pause before the next attempt (1-based attempt just failed), with jitter."""
+        import random
+
+        base = self.backoff[min(attempt, len(self.backoff)) - 1] if self.backoff else 1.0
+        return base * random.uniform(0.8, 1.2)  # noqa: S311 - jitter
+
+
+_registry: dict[str, ConsumerSpec] = {}
+
+
+def consumer(
+    name: str,
+    *,
+    update_types: Iterable[str] | None = None,
+    chat_types: Iterable[str] | None = None,
+    max_attempts: int = 5,
+    backoff: Sequence[float] = DEFAULT_BACKOFF,
+    max_age: timedelta = timedelta(hours=24),
+    enabled: Callable[[], bool] | None = None,
+) -> Callable[[Callable[[ConsumerContext], Any]], Callable[[ConsumerContext], Any]]:
+    """Register a consumer under a stable name (the name is stored in runs and keys)."""
+
+    def decorator(func: Callable[[ConsumerContext], Any]) -> Callable[[ConsumerContext], Any]:
+        if name in _registry and _registry[name].func is not func:
+            raise ValueError(f"a consumer named {name!r} is already registered")
+        _registry[name] = ConsumerSpec(
+            name=name,
+            func=func,
+            update_types=frozenset(update_types) if update_types is not None else None,
+            chat_types=frozenset(chat_types) if chat_types is not None else None,
+            max_attempts=max_attempts,
+            backoff=tuple(backoff),
+            max_age=max_age,
+            enabled=enabled or (lambda: True),
+        )
+        return func
+
+    return decorator
+
+
+def registered() -> dict[str, ConsumerSpec]:
+    return dict(_registry)
+
+
+def get(name: str) -> ConsumerSpec | None:
+    return _registry.get(name)
+
+
+def unregister(name: str) -> None:
+    _registry.pop(name, None)
+
+
+def matching(update: InboundUpdate) -> list[ConsumerSpec]:
+    return [spec for spec in _registry.values() if spec.wants(update)]
+
+
+def wanted_update_types() -> list[str]:
+    """Update types the registered consumers need (for setWebhook's allowed_updates)."""
+    types: set[str] = set()
+    for spec in _registry.values():
+        if spec.update_types is None:
+            return []  # everything: Telegram's default
+        types |= spec.update_types
+    return sorted(types)
+
+
+def autodiscover() -> None:
+    autodiscover_modules("consumers")
+
+
+class ConsumerContext:
+    """What a consumer gets: the stored update, its bot, and ways to act on it."""
+
+    def __init__(self, *, update: InboundUpdate, consumer: str, trace_id: str, attempt: int) -> None:
+        self.update = update
+        self.consumer = consumer
+        self.trace_id = trace_id
+        self.attempt = attempt
+        self._sent = 0
+
+    @property
+    def bot(self) -> Bot:
+        return self.update.bot
+
+    @property
+    def text(self) -> str:
+        return self.update.text
+
+    @cached_property
+    def tg_update(self) -> telegram.Update:
+        """python-telegram-bot's parsed Update."""
+        import telegram
+
+        return telegram.Update.de_json(self.update.payload, bot=None)
+
+    def idempotency_key(self, n: int | None = None) -> str:
+        """Stable per (update, consumer, n): the same on every retry of this run."""
+        return f"upd:{self.update.update_id}:{self.consumer}:{self._sent if n is None else n}"
+
+    def send(
+        self, *, chat_id: int, payload: dict[str, Any], method: str = "sendMessage", key: str | None = None, **options: Any
+    ) -> OutboundMessage:
+        """Write an outbound message (once per key); the outbox delivers it."""
+        from outbox.services import outbound_message_enqueue
+
+        key = key or self.idempotency_key()
+        self._sent += 1
+        message, _ = outbound_message_enqueue(
+            bot_id=self.update.bot_id,
+            chat_id=chat_id,
+            method=method,
+            payload=payload,
+            idempotency_key=key,
+            trace_id=self.trace_id,
+            source_update_id=self.update.pk,
+            consumer=self.consumer,
+            user_id=self.update.user_id,
+            **options,
+        )
+        return message
+
+    def reply(self, text: str, **payload: Any) -> OutboundMessage:
+        """Answer in the update's chat."""
+        if self.update.chat_id is None:
+            raise PermanentError("this update has no chat to reply to")
+        return self.send(chat_id=self.update.chat_id, payload={"text": text, **payload})

@@ -1,0 +1,240 @@
+"""Inbox services: store an update, route it to consumers, run a consumer."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from bots import registry, transitions
+from bots.models import Bot, ConsumerRun, InboundUpdate, RunState, UpdateState
+from outbox import circuits
+from outbox.logging import current_trace_id
+from outbox.models import DeadLetter
+from outbox.services import worker_id
+
+logger = logging.getLogger(__name__)
+
+# Update fields that carry a message-like object with a chat.
+_MESSAGE_TYPES = (
+    "message",
+    "edited_message",
+    "channel_post",
+    "edited_channel_post",
+    "business_message",
+    "edited_business_message",
+)
+
+
+def new_trace_id() -> str:
+    return uuid.uuid4().hex
+
+
+def describe_update(payload: dict[str, Any]) -> dict[str, Any]:
+    """The indexed fields of an Update: its type, chat, user and message id."""
+    update_type = next((k for k in payload if k != "update_id"), "")
+    body = payload.get(update_type) if update_type else None
+    fields: dict[str, Any] = {"update_type": update_type[:40]}
+    if not isinstance(body, dict):
+        return fields
+    message = body if update_type in _MESSAGE_TYPES else body.get("message")
+    chat = (message or {}).get("chat") if isinstance(message, dict) else None
+    if not isinstance(chat, dict):
+        chat = body.get("chat") if isinstance(body.get("chat"), dict) else None
+    sender = body.get("from") if isinstance(body.get("from"), dict) else None
+    if isinstance(chat, dict) and _int64(chat.get("id")) is not None:
+        fields["chat_id"] = _int64(chat.get("id"))
+        fields["chat_type"] = str(chat.get("type", ""))[:20]
+    if isinstance(sender, dict):
+        fields["user_id"] = _int64(sender.get("id"))
+    if isinstance(message, dict):
+        fields["message_id"] = _int64(message.get("message_id"))
+    return fields
+
+
+def _int64(value: Any) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool) and -(2**63) <= value < 2**63:
+        return value
+    return None
+
+
+def inbox_update_store(*, bot: Bot, payload: dict[str, Any], trace_id: str | None = None) -> tuple[InboundUpdate, bool]:
+    """Insert the update once per (bot, update_id) - INSERT ... ON CONFLICT DO NOTHING -
+    and dispatch its routing after commit. Returns (update, created)."""
+    trace_id = trace_id or new_trace_id()
+    now = timezone.now()
+    row = InboundUpdate(
+        bot=bot,
+        update_id=payload["update_id"],
+        payload=payload,
+        trace_id=trace_id,
+        next_attempt_at=now,
+        **describe_update(payload),
+    )
+    InboundUpdate.objects.bulk_create([row], ignore_conflicts=True)
+    stored = InboundUpdate.objects.get(bot=bot, update_id=payload["update_id"])
+    created = stored.trace_id == trace_id
+    if created:
+        transaction.on_commit(lambda: dispatch_update(stored.pk))
+    return stored, created
+
+
+def dispatch_update(update_pk: int) -> bool:
+    from bots.tasks import route_update
+
+    try:
+        route_update.apply_async((update_pk,), retry=False)
+    except Exception:  # noqa: BLE001 - broker down; the row is committed, the sweeper recovers
+        logger.warning("could not publish update %s; the sweeper will dispatch it", update_pk, exc_info=True)
+        return False
+    return True
+
+
+def dispatch_run(run_pk: int, *, countdown: float = 0.0) -> bool:
+    from bots.tasks import run_consumer
+    from outbox.policy import MAX_BROKER_COUNTDOWN_SECONDS
+
+    if countdown > MAX_BROKER_COUNTDOWN_SECONDS:
+        return False  # the sweeper dispatches it when due
+    try:
+        run_consumer.apply_async((run_pk,), countdown=countdown or None, retry=False)
+    except Exception:  # noqa: BLE001 - broker down; the sweeper recovers
+        logger.warning("could not publish consumer run %s; the sweeper will dispatch it", run_pk, exc_info=True)
+        return False
+    return True
+
+
+def inbox_update_route(update_pk: int) -> list[int]:
+    """Create one ConsumerRun per matching consumer and mark the update routed, in one
+    transaction; dispatch the runs after commit. Routing is decided once and recorded."""
+    with transaction.atomic():
+        update = InboundUpdate.objects.filter(pk=update_pk, state=UpdateState.NEW).first()
+        if update is None:
+            return []
+        current_trace_id.set(update.trace_id)
+        if not transitions.mark_update_routed(update.pk):
+            return []  # another worker routed it
+        now = timezone.now()
+        runs = [
+            ConsumerRun(
+                update=update,
+                bot_id=update.bot_id,
+                consumer=spec.name,
+                max_attempts=spec.max_attempts,
+                next_attempt_at=now,
+                trace_id=update.trace_id,
+            )
+            for spec in registry.matching(update)
+        ]
+        ConsumerRun.objects.bulk_create(runs, ignore_conflicts=True)
+        run_ids = list(ConsumerRun.objects.filter(update=update).values_list("pk", flat=True))
+        transaction.on_commit(lambda: [dispatch_run(pk) for pk in run_ids])
+    return run_ids
+
+
+def _consumer_scope(name: str) -> str:
+    return f"consumer:{name}"
+
+
+def consumer_run_execute(run_pk: int) -> str:
+    """Run one consumer on one update. Safe to call any number of times: it starts with a
+    claim, and what the consumer does goes through stable keys."""
+    run = ConsumerRun.objects.select_related("update", "update__bot").filter(pk=run_pk).first()
+    if run is None or run.state not in transitions.RUN_WAITING:
+        return "not-waiting"
+    current_trace_id.set(run.trace_id)
+    spec = registry.get(run.consumer)
+    if spec is None:
+        transitions.cancel_run(run.pk, reason=f"no consumer named {run.consumer!r} is registered")
+        return "unknown-consumer"
+    now = timezone.now()
+    if run.next_attempt_at > now:
+        return "not-due"
+    if run.update.received_at < now - spec.max_age:
+        transitions.cancel_run(run.pk, reason=f"older than the consumer's max age ({spec.max_age}); not run late")
+        return "too-old"
+    if circuits.is_open(_consumer_scope(spec.name)):
+        return "circuit-open"
+
+    worker = worker_id()
+    lease = timedelta(seconds=settings.DOVECOTE_CONSUMER_LEASE_SECONDS)
+    if not transitions.claim_run(run.pk, worker=worker, lease=lease):
+        return "claimed-elsewhere"
+    run.attempts += 1
+    ctx = registry.ConsumerContext(update=run.update, consumer=spec.name, trace_id=run.trace_id, attempt=run.attempts)
+    try:
+        spec.func(ctx)
+    except registry.AuthError as exc:
+        delay = circuits.open_for_auth(_consumer_scope(spec.name), reason=str(exc))
+        transitions.schedule_run_retry(run.pk, worker=worker, delay=delay, error=str(exc), error_class="auth", free=True)
+        return "paused"
+    except registry.PermanentError as exc:
+        _dead_letter_run(run, worker=worker, error=_describe(exc), error_class="permanent")
+        return "dead-lettered"
+    except Exception as exc:  # noqa: BLE001 - a consumer's failure must not stop the others
+        error = _describe(exc)
+        logger.warning("consumer %s failed on update %s: %s", spec.name, run.update.update_id, error)
+        if run.attempts >= run.max_attempts:
+            _dead_letter_run(run, worker=worker, error=error, error_class="exhausted")
+            return "dead-lettered"
+        delay = spec.delay_after(run.attempts)
+        transitions.schedule_run_retry(run.pk, worker=worker, delay=delay, error=error, error_class="transient")
+        dispatch_run(run.pk, countdown=delay)
+        return "retry"
+    circuits.record_success(_consumer_scope(spec.name))
+    transitions.mark_run_done(run.pk, worker=worker)
+    return "done"
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:2000]
+
+
+def _dead_letter_run(run: ConsumerRun, *, worker: str, error: str, error_class: str) -> None:
+    with transaction.atomic():
+        if not transitions.fail_run(run.pk, worker=worker, error=error, error_class=error_class):
+            return
+        DeadLetter.objects.create(
+            bot_id=run.bot_id,
+            consumer_run=run,
+            consumer=run.consumer,
+            reason_class=error_class,
+            first_error=run.last_error or error,
+            last_error=error,
+            trace_id=run.trace_id,
+            chat_id=run.update.chat_id,
+            idempotency_key=f"upd:{run.update.update_id}:{run.consumer}",
+        )
+
+
+def add_bot(
+    *,
+    name: str,
+    token: str,
+    webhook_secret: str | None = None,
+    api_base_url: str | None = None,
+    responder: str | None = None,
+    rate_limit: int | None = None,
+) -> tuple[Bot, bool]:
+    """Create or update a bot (idempotent). Raises ValidationError on bad input."""
+    bot = Bot.objects.filter(name=name).first()
+    created = bot is None
+    if bot is None:
+        bot = Bot(name=name, rate_limit=settings.DOVECOTE_DEFAULT_RATE_LIMIT)
+    bot.token = token
+    if webhook_secret is not None:
+        bot.webhook_secret = webhook_secret
+    if api_base_url is not None:
+        bot.api_base_url = api_base_url
+    if responder is not None:
+        bot.responder = responder
+    if rate_limit is not None:
+        bot.rate_limit = rate_limit
+    bot.full_clean(validate_unique=False)
+    bot.save()
+    return bot, created

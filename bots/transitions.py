@@ -1,0 +1,120 @@
+"""State changes of inbound updates and consumer runs, each one conditional UPDATE.
+
+Update: new -> done (routed: one run per matching consumer, in the same transaction).
+Run: pending|retry -> running (claim) -> done | retry | failed | cancelled;
+running with an expired lease -> retry (sweeper).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.db.models import F
+from django.utils import timezone
+
+from bots.models import ConsumerRun, InboundUpdate, RunState, UpdateState
+
+RUN_WAITING = [RunState.PENDING, RunState.RETRY]
+
+
+def mark_update_routed(update_id: int) -> bool:
+    """new -> done. Inside the routing transaction: False means another worker routed it."""
+    now = timezone.now()
+    n = InboundUpdate.objects.filter(pk=update_id, state=UpdateState.NEW).update(
+        state=UpdateState.DONE, processed_at=now, attempts=F("attempts") + 1, lease_owner="", lease_expires_at=None
+    )
+    return n == 1
+
+
+def claim_run(run_id: int, *, worker: str, lease: timedelta) -> bool:
+    """pending|retry -> running. False when another worker got it first or it is not due."""
+    now = timezone.now()
+    n = ConsumerRun.objects.filter(pk=run_id, state__in=RUN_WAITING, next_attempt_at__lte=now).update(
+        state=RunState.RUNNING,
+        lease_owner=worker,
+        lease_expires_at=now + lease,
+        attempts=F("attempts") + 1,
+        updated_at=now,
+    )
+    return n == 1
+
+
+def _owned(run_id: int, worker: str):  # noqa: ANN202 - a QuerySet
+    return ConsumerRun.objects.filter(pk=run_id, state=RunState.RUNNING, lease_owner=worker)
+
+
+def mark_run_done(run_id: int, *, worker: str) -> bool:
+    now = timezone.now()
+    n = _owned(run_id, worker).update(
+        state=RunState.DONE, finished_at=now, updated_at=now, lease_owner="", lease_expires_at=None, last_error=""
+    )
+    return n == 1
+
+
+def schedule_run_retry(run_id: int, *, worker: str, delay: float, error: str, error_class: str, free: bool = False) -> bool:
+    now = timezone.now()
+    fields = {
+        "state": RunState.RETRY,
+        "next_attempt_at": now + timedelta(seconds=delay),
+        "updated_at": now,
+        "lease_owner": "",
+        "lease_expires_at": None,
+        "last_error": error[:2000],
+        "last_error_class": error_class,
+    }
+    if free:
+        # An auth pause is not the run's fault: it does not spend the budget.
+        fields["max_attempts"] = F("max_attempts") + 1
+    return _owned(run_id, worker).update(**fields) == 1
+
+
+def fail_run(run_id: int, *, worker: str | None, error: str, error_class: str) -> bool:
+    """running (or waiting, with worker=None) -> failed. The caller writes the dead letter."""
+    now = timezone.now()
+    rows = _owned(run_id, worker) if worker else ConsumerRun.objects.filter(pk=run_id, state__in=RUN_WAITING)
+    n = rows.update(
+        state=RunState.FAILED,
+        finished_at=now,
+        updated_at=now,
+        lease_owner="",
+        lease_expires_at=None,
+        last_error=error[:2000],
+        last_error_class=error_class,
+    )
+    return n == 1
+
+
+def cancel_run(run_id: int, *, reason: str, worker: str | None = None) -> bool:
+    now = timezone.now()
+    rows = _owned(run_id, worker) if worker else ConsumerRun.objects.filter(pk=run_id, state__in=RUN_WAITING)
+    n = rows.update(
+        state=RunState.CANCELLED, cancel_reason=reason[:2000], finished_at=now, updated_at=now, lease_owner="",
+        lease_expires_at=None,
+    )
+    return n == 1
+
+
+def release_expired_run(run_id: int) -> bool:
+    """running past its lease (the worker died) -> retry now. The consumer's effects are
+    guarded by stable keys, so running it again is safe."""
+    now = timezone.now()
+    n = ConsumerRun.objects.filter(pk=run_id, state=RunState.RUNNING, lease_expires_at__lt=now).update(
+        state=RunState.RETRY, next_attempt_at=now, lease_owner="", lease_expires_at=None, updated_at=now,
+        last_error="worker died or timed out while running", last_error_class="transient",
+    )
+    return n == 1
+
+
+def reset_run_for_retry(run_id: int, *, from_states: list[str]) -> bool:
+    """failed|cancelled -> retry (an operator's decision); gives the run one more attempt."""
+    from django.db.models.functions import Greatest
+
+    now = timezone.now()
+    n = ConsumerRun.objects.filter(pk=run_id, state__in=from_states).update(
+        state=RunState.RETRY,
+        next_attempt_at=now,
+        max_attempts=Greatest(F("max_attempts"), F("attempts") + 1),
+        finished_at=None,
+        updated_at=now,
+    )
+    return n == 1

@@ -1,0 +1,80 @@
+"""The webhook: verify, store, acknowledge."""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+
+from django.conf import settings
+from django.db import DatabaseError, DataError, transaction
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+
+from bots.models import Bot
+from bots.services import inbox_update_store, new_trace_id
+from outbox.logging import current_trace_id
+
+logger = logging.getLogger(__name__)
+
+SECRET_HEADER = "HTTP_X_TELEGRAM_BOT_API_SECRET_TOKEN"
+
+
+def _error(status: int, description: str) -> JsonResponse:
+    return JsonResponse({"ok": False, "error": description}, status=status)
+
+
+@csrf_exempt
+def telegram_webhook(request: HttpRequest, name: str) -> JsonResponse:
+    if request.method != "POST":
+        response = _error(405, "method not allowed; Telegram POSTs updates")
+        response["Allow"] = "POST"
+        return response
+    # The size check comes before reading or parsing the body.
+    try:
+        length = int(request.headers.get("Content-Length") or 0)
+    except ValueError:
+        return _error(400, "invalid Content-Length")
+    if length > settings.DOVECOTE_WEBHOOK_MAX_BYTES:
+        return _error(413, f"body over {settings.DOVECOTE_WEBHOOK_MAX_BYTES} bytes")
+
+    trace_id = new_trace_id()
+    current_trace_id.set(trace_id)
+    try:
+        bot = Bot.objects.filter(name=name, is_active=True).first()
+        if bot is None:
+            return _error(404, "unknown or inactive bot")
+        if bot.webhook_secret:
+            given = request.headers.get("X-Telegram-Bot-Api-Secret-Token", "")
+            if not hmac.compare_digest(given.encode(), bot.webhook_secret.encode()):
+                return _error(403, "missing or wrong secret token")
+
+        body = request.read(settings.DOVECOTE_WEBHOOK_MAX_BYTES + 1)
+        if len(body) > settings.DOVECOTE_WEBHOOK_MAX_BYTES:
+            return _error(413, f"body over {settings.DOVECOTE_WEBHOOK_MAX_BYTES} bytes")
+        try:
+            payload = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            return _error(400, "body is not JSON")
+        if not isinstance(payload, dict):
+            return _error(400, "body is not a JSON object")
+        update_id = payload.get("update_id")
+        if isinstance(update_id, bool) or not isinstance(update_id, int) or not -(2**63) <= update_id < 2**63:
+            return _error(400, "update_id must be an integer")
+
+        try:
+            with transaction.atomic():
+                update, created = inbox_update_store(bot=bot, payload=payload, trace_id=trace_id)
+        except DataError:
+            # E.g. a \u0000 inside a string, which PostgreSQL's jsonb refuses: bad input,
+            # and retrying would not help.
+            return _error(400, "the update cannot be stored as JSON")
+    except DatabaseError:
+        # Telegram retries a non-2xx answer; never 200 for an update that is not stored.
+        logger.exception("database unavailable; answered 503")
+        return _error(503, "storage unavailable, retry later")
+    logger.info(
+        "update %s %s", update.update_id, "stored" if created else "duplicate dropped",
+        extra={"bot": bot.name, "update_type": update.update_type},
+    )
+    return JsonResponse({"ok": True})

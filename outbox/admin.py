@@ -1,0 +1,61 @@
+from django.contrib import admin
+
+from outbox.models import Attempt, Circuit, DeadLetter, Effect, OutboundMessage
+
+
+class AttemptInline(admin.TabularInline):
+    model = Attempt
+    extra = 0
+    can_delete = False
+    fields = ["number", "started_at", "finished_at", "worker", "outcome", "http_status", "error_code", "description", "retry_after"]
+    readonly_fields = fields
+
+    def has_add_permission(self, request, obj=None) -> bool:  # noqa: ANN001
+        return False
+
+
+@admin.register(OutboundMessage)
+class OutboundMessageAdmin(admin.ModelAdmin):
+    list_display = ["id", "bot", "chat_id", "method", "state", "attempts", "last_error_class", "next_attempt_at", "created_at"]
+    list_filter = ["state", "bot", "method", "last_error_class"]
+    search_fields = ["=chat_id", "idempotency_key", "trace_id"]
+    list_select_related = ["bot"]
+    raw_id_fields = ["source_update"]
+    readonly_fields = [
+        "state", "attempts", "lease_owner", "lease_expires_at", "last_error", "last_error_class",
+        "telegram_message_id", "result", "sent_at", "created_at", "updated_at", "rate_limited_count",
+        "payload_purged_at", "cancel_reason",
+    ]
+    inlines = [AttemptInline]
+    date_hierarchy = "created_at"
+
+
+@admin.register(DeadLetter)
+class DeadLetterAdmin(admin.ModelAdmin):
+    list_display = ["id", "bot", "reason_class", "consumer", "chat_id", "status", "owner", "created_at"]
+    list_filter = ["status", "reason_class", "bot", "consumer"]
+    search_fields = ["=chat_id", "trace_id", "idempotency_key"]
+    list_select_related = ["bot", "owner"]
+    raw_id_fields = ["message", "consumer_run", "owner"]
+    readonly_fields = ["reason_class", "first_error", "last_error", "trace_id", "created_at", "resolved_at"]
+
+
+@admin.register(Effect)
+class EffectAdmin(admin.ModelAdmin):
+    list_display = ["key", "state", "external_id", "attempts", "created_at", "done_at"]
+    list_filter = ["state"]
+    search_fields = ["key", "external_id", "trace_id"]
+    readonly_fields = [f.name for f in Effect._meta.fields]
+
+    def has_add_permission(self, request) -> bool:  # noqa: ANN001
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:  # noqa: ANN001
+        return False
+
+
+@admin.register(Circuit)
+class CircuitAdmin(admin.ModelAdmin):
+    list_display = ["scope", "state", "manual", "consecutive_failures", "opened_at", "next_probe_at"]
+    list_filter = ["state", "manual"]
+    readonly_fields = ["state", "consecutive_failures", "opened_at", "next_probe_at", "updated_at"]

@@ -1,0 +1,48 @@
+"""Logging helpers: a trace id on every record, and masking of secrets and personal data.
+
+Logs never carry bot tokens, phone numbers or message text: the filter rewrites the
+formatted message and its arguments before any handler sees them.
+"""
+
+import contextvars
+import logging
+import re
+
+current_trace_id: contextvars.ContextVar[str] = contextvars.ContextVar("dovecote_trace_id", default="")
+
+# 123456789:AAH... - Telegram bot tokens, also inside URLs (/bot<token>/sendMessage).
+_TOKEN_RE = re.compile(r"\b\d{5,}:[A-Za-z0-9_-]{20,}")
+# +7 912 345-67-89, 89123456789, (555) 123-4567 ...
+_PHONE_RE = re.compile(r"(?<![\w.])\+?\d[\d\s().-]{8,}\d\b")
+# "text": "...", 'caption': '...', text=...
+_TEXT_RE = re.compile(
+    r"""(?P<key>["']?(?:text|caption|phone_number|first_name|last_name)["']?\s*[:=]\s*)"""
+    r"""(?P<val>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|[^,}\s]+)"""
+)
+
+
+def mask(value: str) -> str:
+    """Mask tokens, phone numbers and message text in a log string."""
+    value = _TOKEN_RE.sub("<token>", value)
+    value = _TEXT_RE.sub(lambda m: f"{m.group('key')}<masked>", value)
+    return _PHONE_RE.sub("<phone>", value)
+
+
+class MaskSecretsFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        masked = mask(message)
+        if masked != message or record.args:
+            record.msg, record.args = masked, None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = mask(logging.Formatter().formatException(record.exc_info))
+        elif record.exc_text:
+            record.exc_text = mask(record.exc_text)
+        return True
+
+
+class TraceIdFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not getattr(record, "trace_id", None):
+            record.trace_id = current_trace_id.get()
+        return True

@@ -1,0 +1,20 @@
+"""Retry policy, in one place: exponential backoff with full jitter, capped."""
+
+import random
+
+from django.conf import settings
+
+# 429s are not the message's fault: this many do not spend its retry budget.
+FREE_RATE_LIMITED_ATTEMPTS = 20
+# A Celery countdown longer than this is not parked in Redis (its visibility timeout would
+# redeliver it); the row's next_attempt_at holds the wait and the sweeper dispatches it.
+MAX_BROKER_COUNTDOWN_SECONDS = 60.0
+
+
+def backoff_seconds(attempt: int, *, base: float | None = None, cap: float | None = None) -> float:
+    """Full jitter (AWS architecture blog): uniform in [0, min(cap, base * 2**(attempt-1))],
+    never below a tenth of the base so that a retry is never immediate."""
+    base = settings.DOVECOTE_RETRY_BASE_SECONDS if base is None else base
+    cap = settings.DOVECOTE_RETRY_MAX_SECONDS if cap is None else cap
+    ceiling = min(cap, base * (2 ** max(0, attempt - 1)))
+    return max(base / 10, random.uniform(0, ceiling))  # noqa: S311 - jitter, not crypto

@@ -1,0 +1,325 @@
+"""Outbox services: enqueue a message, send it, cancel it, resend it.
+
+The send path never holds a transaction across the HTTP call:
+claim (commit) -> attempt row (commit) -> request -> outcome and new state (commit).
+A redelivered task is harmless because the send starts with `claim()`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import Exists, OuterRef, Q, Value
+from django.db.models.functions import Concat
+from django.utils import timezone
+from django.utils.module_loading import import_string
+
+from outbox import policy, ratelimit, selectors, telegram, transitions
+from outbox.failpoints import failpoint
+from outbox.logging import current_trace_id
+from outbox.models import Circuit, CircuitState, ErrorClass, OnAmbiguous, OutboundMessage, State
+
+logger = logging.getLogger(__name__)
+
+def worker_id() -> str:
+    # Recomputed after fork: prefork children must not share their parent's id.
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class MessageRejected(ValueError):
+    """The message cannot be accepted as given (bad method, chat or payload)."""
+
+
+SUPPORTED_METHODS = frozenset(
+    {
+        "sendMessage",
+        "sendPhoto",
+        "sendDocument",
+        "sendVideo",
+        "sendAudio",
+        "sendVoice",
+        "sendAnimation",
+        "sendSticker",
+        "sendLocation",
+        "sendContact",
+        "sendPoll",
+        "sendDice",
+        "sendChatAction",
+        "sendMediaGroup",
+        "editMessageText",
+        "editMessageCaption",
+        "editMessageReplyMarkup",
+        "deleteMessage",
+        "answerCallbackQuery",
+        "copyMessage",
+        "forwardMessage",
+        "pinChatMessage",
+        "unpinChatMessage",
+    }
+)
+# Methods that put a new message in a chat, and so count against the flood limits.
+CREATES_MESSAGE = frozenset(m for m in SUPPORTED_METHODS if m.startswith(("send", "copy", "forward")))
+
+
+def _validate(method: str, chat_id: Any, payload: Any) -> None:
+    if method not in SUPPORTED_METHODS:
+        raise MessageRejected(f"unsupported Bot API method {method!r}")
+    if isinstance(chat_id, bool) or not isinstance(chat_id, int):
+        raise MessageRejected("chat_id must be an integer")
+    if not -(2**63) <= chat_id < 2**63:
+        raise MessageRejected("chat_id is out of range")
+    if not isinstance(payload, dict):
+        raise MessageRejected("payload must be a JSON object")
+    if "chat_id" in payload:
+        raise MessageRejected("give chat_id once, outside payload")
+    if method == "sendMessage":
+        text = payload.get("text")
+        if not isinstance(text, str) or not text.strip():
+            raise MessageRejected("sendMessage needs a non-empty text")
+        if len(text) > 4096:
+            raise MessageRejected("text is longer than Telegram's 4096 characters")
+
+
+def outbound_message_enqueue(
+    *,
+    bot_id: int,
+    chat_id: int,
+    payload: dict[str, Any],
+    idempotency_key: str,
+    method: str = "sendMessage",
+    trace_id: str = "",
+    source_update_id: int | None = None,
+    consumer: str = "",
+    user_id: int | None = None,
+    send_at: datetime | None = None,
+    expires_at: datetime | None = None,
+    on_ambiguous: str = OnAmbiguous.HOLD,
+    ordered: bool = True,
+    max_attempts: int | None = None,
+) -> tuple[OutboundMessage, bool]:
+    """Write a message to the outbox (once per key) and dispatch it after commit.
+
+    Returns (message, created). The same key returns the stored message untouched.
+    """
+    _validate(method, chat_id, payload)
+    if not 1 <= len(idempotency_key) <= 255:
+        raise MessageRejected("an idempotency key is 1-255 characters")
+    now = timezone.now()
+    defaults = {
+        "chat_id": chat_id,
+        "method": method,
+        "payload": payload,
+        "trace_id": trace_id or current_trace_id.get(),
+        "source_update_id": source_update_id,
+        "consumer": consumer,
+        "user_id": user_id,
+        "send_at": send_at,
+        "expires_at": expires_at,
+        "on_ambiguous": on_ambiguous,
+        "ordered": ordered,
+        "max_attempts": max_attempts or settings.DOVECOTE_OUTBOX_MAX_ATTEMPTS,
+        "next_attempt_at": max(send_at, now) if send_at else now,
+    }
+    try:
+        with transaction.atomic():
+            message, created = OutboundMessage.objects.get_or_create(
+                bot_id=bot_id, idempotency_key=idempotency_key, defaults=defaults
+            )
+    except IntegrityError:
+        # A concurrent insert with the same key won the race.
+        message, created = OutboundMessage.objects.get(bot_id=bot_id, idempotency_key=idempotency_key), False
+    if created:
+        delay = max(0.0, (message.next_attempt_at - now).total_seconds())
+        transaction.on_commit(lambda: dispatch(message.pk, countdown=delay))
+    return message, created
+
+
+def dispatch(message_id: int, *, countdown: float = 0.0) -> bool:
+    """Hand a message to a worker. Failure to publish is logged, never raised: the row is
+    committed and the sweeper dispatches whatever is overdue."""
+    if countdown > policy.MAX_BROKER_COUNTDOWN_SECONDS:
+        return False  # the sweeper picks it up when due
+    from outbox.tasks import send_outbound_message
+
+    try:
+        send_outbound_message.apply_async((message_id,), countdown=countdown or None, retry=False)
+    except Exception:  # noqa: BLE001 - any broker failure; the sweeper recovers
+        logger.warning("could not publish message %s; the sweeper will dispatch it", message_id, exc_info=True)
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class SendResult:
+    """What happened to a send, and when (if at all) the task should run again."""
+
+    status: str
+    countdown: float | None = None
+
+
+def _relevance_veto(message: OutboundMessage) -> str:
+    path = settings.DOVECOTE_RELEVANCE_CHECK
+    if not path:
+        return ""
+    check = import_string(path)
+    return check(message) or ""
+
+
+def _circuit_scope(bot_id: int) -> str:
+    return f"bot:{bot_id}"
+
+
+def outbound_message_send(message_id: int) -> SendResult:
+    """Send one outbound message, at most once per claim. Safe to call any number of times."""
+    worker = worker_id()
+    now = timezone.now()
+    message = (
+        OutboundMessage.objects.select_related("bot")
+        .annotate(
+            circuit_open=Exists(
+                Circuit.objects.filter(scope=Concat(Value("bot:"), OuterRef("bot_id")), state=CircuitState.OPEN).filter(
+                    Q(next_probe_at__isnull=True) | Q(next_probe_at__gt=now)
+                )
+            )
+        )
+        .filter(pk=message_id)
+        .first()
+    )
+    if message is None or message.state not in (State.PENDING, State.RETRY):
+        return SendResult("not-waiting")
+    current_trace_id.set(message.trace_id)
+    if message.next_attempt_at > now:
+        return SendResult("not-due", (message.next_attempt_at - now).total_seconds())
+    if message.expires_at and message.expires_at <= now:
+        transitions.cancel(message.pk, reason="expired before it could be sent", error_class=ErrorClass.EXPIRED)
+        _kick_chat(message)
+        return SendResult("expired")
+    if message.circuit_open:
+        # The bot's circuit is open (auth failure or operator pause): keep the queue.
+        return SendResult("circuit-open")
+    if message.ordered and selectors.earlier_open_message_exists(message):
+        # An earlier message to this chat goes first; it kicks this one when it is done.
+        return SendResult("waiting-for-earlier")
+    if message.method in CREATES_MESSAGE:
+        wait = ratelimit.acquire(bot_id=message.bot_id, bot_rate=message.bot.rate_limit, chat_id=message.chat_id)
+        if wait > 0:
+            # Waiting for a slot is not an attempt and does not hold a worker.
+            return SendResult("rate-limited", wait)
+
+    lease = timedelta(seconds=settings.DOVECOTE_SEND_LEASE_SECONDS)
+    if not transitions.claim(message.pk, worker=worker, lease=lease):
+        return SendResult("claimed-elsewhere")
+    failpoint("after_claim")
+    # Re-read after the claim: an operator may have edited the payload or chat meanwhile.
+    message = OutboundMessage.objects.select_related("bot").get(pk=message.pk)
+
+    veto = _relevance_veto(message)
+    if veto:
+        transitions.cancel_claimed(message, worker=worker, reason=f"not relevant: {veto}")
+        _kick_chat(message)
+        return SendResult("vetoed")
+
+    attempt = transitions.begin_attempt(message, worker=worker)
+    if attempt is None:
+        return SendResult("lease-lost")
+    failpoint("before_request")
+    outcome = telegram.call(
+        token=message.bot.token,
+        base_url=message.bot.api_base_url,
+        method=message.method,
+        params={"chat_id": message.chat_id, **message.payload},
+    )
+    failpoint("after_response")
+    result = _record_outcome(message, worker=worker, attempt=attempt, outcome=outcome)
+    failpoint("after_record")
+    return result
+
+
+def _record_outcome(message: OutboundMessage, *, worker: str, attempt: Any, outcome: telegram.CallOutcome) -> SendResult:
+    from outbox import circuits
+
+    if outcome.ok:
+        transitions.mark_sent(message, worker=worker, attempt=attempt, outcome=outcome)
+        circuits.record_success(_circuit_scope(message.bot_id))
+        _kick_chat(message)
+        return SendResult("sent")
+
+    cls = outcome.error_class
+    logger.info(
+        "send of message %s failed: %s (%s)", message.pk, cls, outcome.description, extra={"error_class": cls}
+    )
+    if cls == ErrorClass.RATE_LIMITED:
+        wait = max(outcome.retry_after or 1.0, 0.0)
+        ratelimit.pause_bot(message.bot_id, wait)
+        free = message.rate_limited_count < policy.FREE_RATE_LIMITED_ATTEMPTS
+        if not free and message.attempts >= message.max_attempts:
+            transitions.dead_letter(message, worker=worker, attempt=attempt, outcome=outcome, reason_class=ErrorClass.EXHAUSTED)
+            _kick_chat(message)
+            return SendResult("dead-lettered")
+        transitions.schedule_retry(message, worker=worker, attempt=attempt, outcome=outcome, delay=wait, free=free)
+        return SendResult("retry", wait)
+    if cls == ErrorClass.MIGRATED and outcome.migrate_to_chat_id:
+        already_migrated = message.attempt_set.filter(outcome=ErrorClass.MIGRATED).exclude(pk=attempt.pk).exists()
+        if already_migrated:
+            transitions.dead_letter(message, worker=worker, attempt=attempt, outcome=outcome)
+            return SendResult("dead-lettered")
+        transitions.schedule_retry(
+            message, worker=worker, attempt=attempt, outcome=outcome, delay=0, free=True, chat_id=outcome.migrate_to_chat_id
+        )
+        return SendResult("retry", 0)
+    if cls == ErrorClass.AUTH:
+        delay = circuits.open_for_auth(_circuit_scope(message.bot_id), reason=outcome.description)
+        transitions.schedule_retry(message, worker=worker, attempt=attempt, outcome=outcome, delay=delay, free=True)
+        return SendResult("circuit-opened", None)
+    if cls == ErrorClass.AMBIGUOUS:
+        transitions.mark_unknown(message, worker=worker, attempt=attempt, outcome=outcome)
+        _kick_chat(message)
+        if message.on_ambiguous == OnAmbiguous.RESEND:
+            return SendResult("unknown-resend")
+        return SendResult("unknown")
+    if cls == ErrorClass.TRANSIENT:
+        circuits.record_failure(_circuit_scope(message.bot_id), reason=outcome.description)
+        if message.attempts >= message.max_attempts:
+            transitions.dead_letter(message, worker=worker, attempt=attempt, outcome=outcome, reason_class=ErrorClass.EXHAUSTED)
+            _kick_chat(message)
+            return SendResult("dead-lettered")
+        delay = policy.backoff_seconds(message.attempts)
+        transitions.schedule_retry(message, worker=worker, attempt=attempt, outcome=outcome, delay=delay)
+        return SendResult("retry", delay)
+    # Permanent: no point retrying; an operator sees it at once.
+    transitions.dead_letter(message, worker=worker, attempt=attempt, outcome=outcome)
+    _kick_chat(message)
+    return SendResult("dead-lettered")
+
+
+def _kick_chat(message: OutboundMessage) -> None:
+    """The chat's queue moved on: hand the next ordered message of this chat to a worker."""
+    next_id = selectors.next_open_message_in_chat(bot_id=message.bot_id, chat_id=message.chat_id)
+    if next_id is not None and next_id != message.pk:
+        dispatch(next_id)
+
+
+def outbound_message_cancel(message_id: int, *, reason: str = "cancelled") -> bool:
+    """Cancel a message that has not gone out. False when it is sending or already final."""
+    message = OutboundMessage.objects.filter(pk=message_id).first()
+    if message is None:
+        return False
+    ok = transitions.cancel(message_id, reason=reason)
+    if ok:
+        _kick_chat(message)
+    return ok
+
+
+def outbound_message_resend(message_id: int, *, from_states: list[str]) -> bool:
+    """Put a failed or unknown message back in the queue with the same key, and dispatch it."""
+    ok = transitions.reset_for_resend(message_id, from_states=from_states)
+    if ok:
+        transaction.on_commit(lambda: dispatch(message_id))
+    return ok

@@ -1,0 +1,12 @@
+"""Signals the outbox sends upward without importing the apps above it.
+
+`message_ambiguous` fires inside the transaction that moved a message to `unknown`, so a
+receiver (reconciliation) that writes a case commits or rolls back with the transition.
+"""
+
+import django.dispatch
+
+# sender=OutboundMessage, message=<OutboundMessage>, facts=<dict>
+message_ambiguous = django.dispatch.Signal()
+# sender=OutboundMessage, message=<OutboundMessage>, dead_letter=<DeadLetter>
+message_dead_lettered = django.dispatch.Signal()

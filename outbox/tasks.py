@@ -1,0 +1,19 @@
+"""Thin Celery wrappers: take an id, call one service, own only the rescheduling.
+
+The retry policy is not Celery's autoretry: the row's next_attempt_at is the one source of
+truth for when a message is due (so the sweeper can redispatch a retry whose broker
+message was lost), and the task only re-publishes itself for that moment.
+"""
+
+from celery import shared_task
+
+from outbox import services
+
+
+@shared_task(name="outbox.send_outbound_message", ignore_result=True)
+def send_outbound_message(message_id: int) -> str:
+    result = services.outbound_message_send(message_id)
+    if result.countdown is not None:
+        # Short waits ride the broker; long ones stay in the row for the sweeper.
+        services.dispatch(message_id, countdown=result.countdown)
+    return result.status

@@ -1,0 +1,272 @@
+"""Every state change of an outbound message, each one conditional UPDATE.
+
+pending|retry -> sending (claim) -> sent | retry | failed | unknown;
+pending|retry -> cancelled; sending with an expired lease -> retry or unknown (sweeper).
+
+A function returns False (or None) when the row was not in the expected state: another
+worker got there first, or an operator changed it meanwhile. A stale worker can never
+overwrite a newer state because every UPDATE names the state and the lease it expects.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import transaction
+from django.db.models import F
+from django.db.models.functions import Greatest
+from django.utils import timezone
+
+from outbox.models import Attempt, DeadLetter, ErrorClass, OutboundMessage, State
+from outbox.signals import message_ambiguous, message_dead_lettered
+from outbox.telegram import CallOutcome
+
+WAITING = [State.PENDING, State.RETRY]
+
+
+def claim(message_id: int, *, worker: str, lease: timedelta) -> bool:
+    """pending|retry -> sending. False when another worker got there first or it is not due."""
+    now = timezone.now()
+    n = OutboundMessage.objects.filter(pk=message_id, state__in=WAITING, next_attempt_at__lte=now).update(
+        state=State.SENDING, lease_owner=worker, lease_expires_at=now + lease, updated_at=now
+    )
+    return n == 1
+
+
+def begin_attempt(message: OutboundMessage, *, worker: str) -> Attempt | None:
+    """Record the attempt before the request goes out. None if the lease was lost."""
+    now = timezone.now()
+    with transaction.atomic():
+        n = OutboundMessage.objects.filter(pk=message.pk, state=State.SENDING, lease_owner=worker).update(
+            attempts=F("attempts") + 1, updated_at=now
+        )
+        if n != 1:
+            return None
+        message.attempts += 1
+        return Attempt.objects.create(message=message, number=message.attempts, worker=worker, started_at=now)
+
+
+def finish_attempt(attempt: Attempt, outcome: CallOutcome) -> None:
+    Attempt.objects.filter(pk=attempt.pk).update(
+        finished_at=timezone.now(),
+        outcome="ok" if outcome.ok else outcome.error_class,
+        http_status=outcome.http_status,
+        error_code=outcome.error_code,
+        description=outcome.description[:2000],
+        retry_after=outcome.retry_after,
+    )
+
+
+def _owned(message: OutboundMessage, worker: str) -> Any:
+    return OutboundMessage.objects.filter(pk=message.pk, state=State.SENDING, lease_owner=worker)
+
+
+def mark_sent(message: OutboundMessage, *, worker: str, attempt: Attempt, outcome: CallOutcome) -> bool:
+    """sending -> sent, with Telegram's message id."""
+    now = timezone.now()
+    with transaction.atomic():
+        finish_attempt(attempt, outcome)
+        n = _owned(message, worker).update(
+            state=State.SENT,
+            sent_at=now,
+            updated_at=now,
+            telegram_message_id=outcome.telegram_message_id,
+            result=None if outcome.telegram_message_id else outcome.result,
+            lease_owner="",
+            lease_expires_at=None,
+            last_error="",
+            last_error_class="",
+        )
+    return n == 1
+
+
+def schedule_retry(
+    message: OutboundMessage,
+    *,
+    worker: str,
+    attempt: Attempt | None,
+    outcome: CallOutcome,
+    delay: float,
+    free: bool = False,
+    chat_id: int | None = None,
+) -> bool:
+    """sending -> retry at now + delay. `free` attempts (429 within the cap, auth pauses)
+    do not spend the retry budget."""
+    now = timezone.now()
+    fields: dict[str, Any] = {
+        "state": State.RETRY,
+        "next_attempt_at": now + timedelta(seconds=delay),
+        "updated_at": now,
+        "lease_owner": "",
+        "lease_expires_at": None,
+        "last_error": outcome.description[:2000],
+        "last_error_class": outcome.error_class,
+    }
+    if free:
+        fields["max_attempts"] = F("max_attempts") + 1
+    if outcome.error_class == ErrorClass.RATE_LIMITED:
+        fields["rate_limited_count"] = F("rate_limited_count") + 1
+    if chat_id is not None:
+        fields["chat_id"] = chat_id
+    with transaction.atomic():
+        if attempt is not None:
+            finish_attempt(attempt, outcome)
+        n = _owned(message, worker).update(**fields)
+    return n == 1
+
+
+def release(message: OutboundMessage, *, worker: str, next_attempt_at: datetime) -> bool:
+    """sending -> pending without an attempt (the send was deferred before any request)."""
+    n = _owned(message, worker).update(
+        state=State.PENDING if message.attempts == 0 else State.RETRY,
+        next_attempt_at=next_attempt_at,
+        lease_owner="",
+        lease_expires_at=None,
+        updated_at=timezone.now(),
+    )
+    return n == 1
+
+
+def dead_letter(
+    message: OutboundMessage,
+    *,
+    worker: str | None,
+    attempt: Attempt | None,
+    outcome: CallOutcome,
+    reason_class: str | None = None,
+) -> DeadLetter | None:
+    """sending (or, with worker=None, pending|retry) -> failed, with a dead-letter record."""
+    now = timezone.now()
+    with transaction.atomic():
+        if attempt is not None:
+            finish_attempt(attempt, outcome)
+        rows = _owned(message, worker) if worker else OutboundMessage.objects.filter(pk=message.pk, state__in=WAITING)
+        n = rows.update(
+            state=State.FAILED,
+            updated_at=now,
+            lease_owner="",
+            lease_expires_at=None,
+            last_error=outcome.description[:2000],
+            last_error_class=reason_class or outcome.error_class,
+        )
+        if n != 1:
+            return None
+        first = (
+            Attempt.objects.filter(message=message, outcome__in=[c.value for c in ErrorClass])
+            .order_by("number")
+            .values_list("description", flat=True)
+            .first()
+        )
+        letter = DeadLetter.objects.create(
+            bot_id=message.bot_id,
+            message=message,
+            consumer=message.consumer,
+            reason_class=reason_class or outcome.error_class,
+            first_error=(first or outcome.description)[:2000],
+            last_error=outcome.description[:2000],
+            trace_id=message.trace_id,
+            chat_id=message.chat_id,
+            idempotency_key=message.idempotency_key,
+        )
+        message.state = State.FAILED
+        message_dead_lettered.send(sender=OutboundMessage, message=message, dead_letter=letter)
+    return letter
+
+
+def mark_unknown(
+    message: OutboundMessage, *, worker: str | None, attempt: Attempt | None, outcome: CallOutcome
+) -> bool:
+    """sending -> unknown: the request may have reached Telegram. Opens a reconciliation
+    case through `message_ambiguous`; never resent automatically unless on_ambiguous=resend."""
+    now = timezone.now()
+    with transaction.atomic():
+        if attempt is not None:
+            finish_attempt(attempt, outcome)
+        rows = _owned(message, worker) if worker else OutboundMessage.objects.filter(pk=message.pk, state=State.SENDING)
+        n = rows.update(
+            state=State.UNKNOWN,
+            updated_at=now,
+            lease_owner="",
+            lease_expires_at=None,
+            last_error=outcome.description[:2000],
+            last_error_class=ErrorClass.AMBIGUOUS,
+        )
+        if n != 1:
+            return False
+        message.state = State.UNKNOWN
+        facts = {
+            "attempts": message.attempts,
+            "last_error": outcome.description[:500],
+            "at": now.isoformat(),
+        }
+        message_ambiguous.send(sender=OutboundMessage, message=message, facts=facts)
+    return True
+
+
+def cancel(message_id: int, *, reason: str, error_class: str = "") -> bool:
+    """pending|retry -> cancelled. False when it is already sending, sent or final."""
+    n = OutboundMessage.objects.filter(pk=message_id, state__in=WAITING).update(
+        state=State.CANCELLED, cancel_reason=reason[:2000], last_error_class=error_class, updated_at=timezone.now()
+    )
+    return n == 1
+
+
+def cancel_claimed(message: OutboundMessage, *, worker: str, reason: str, error_class: str = "") -> bool:
+    """sending -> cancelled before any request (expired, or vetoed by the relevance check)."""
+    n = _owned(message, worker).update(
+        state=State.CANCELLED,
+        cancel_reason=reason[:2000],
+        last_error_class=error_class,
+        lease_owner="",
+        lease_expires_at=None,
+        updated_at=timezone.now(),
+    )
+    return n == 1
+
+
+def recover_expired_lease(message_id: int) -> str | None:
+    """A worker died holding the send. With no request started (no open attempt) the
+    message goes back to retry; with an open attempt nobody knows: unknown."""
+    now = timezone.now()
+    with transaction.atomic():
+        # Locked, so the worker (if it is only slow) cannot record its answer underneath us.
+        message = (
+            OutboundMessage.objects.select_for_update()
+            .filter(pk=message_id, state=State.SENDING, lease_expires_at__lt=now)
+            .first()
+        )
+        if message is None:
+            return None
+        open_attempt = Attempt.objects.filter(
+            message=message, number=message.attempts, finished_at__isnull=True
+        ).first()
+        if open_attempt is None:
+            OutboundMessage.objects.filter(pk=message.pk).update(
+                state=State.PENDING if message.attempts == 0 else State.RETRY,
+                next_attempt_at=now,
+                lease_owner="",
+                lease_expires_at=None,
+                updated_at=now,
+            )
+            return "released"
+        outcome = CallOutcome(
+            ok=False,
+            error_class=ErrorClass.AMBIGUOUS,
+            description=f"worker {message.lease_owner or '?'} died or lost the answer after the request started",
+        )
+        mark_unknown(message, worker=None, attempt=open_attempt, outcome=outcome)
+    return "unknown"
+
+
+def reset_for_resend(message_id: int, *, from_states: list[str]) -> bool:
+    """unknown|failed -> retry with the same key (an operator's decision, or policy)."""
+    now = timezone.now()
+    n = OutboundMessage.objects.filter(pk=message_id, state__in=from_states).update(
+        state=State.RETRY,
+        next_attempt_at=now,
+        # A resend of an exhausted message needs room for one more attempt.
+        max_attempts=Greatest(F("max_attempts"), F("attempts") + 1),
+        updated_at=now,
+    )
+    return n == 1

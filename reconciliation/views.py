@@ -1,0 +1,84 @@
+"""Operations endpoints: liveness, readiness and Prometheus metrics."""
+
+from __future__ import annotations
+
+import logging
+
+from django.conf import settings
+from django.db import DatabaseError, connection
+from django.http import HttpRequest, HttpResponse, JsonResponse
+
+from reconciliation.selectors import queue_status
+
+logger = logging.getLogger(__name__)
+
+
+def healthz(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"ok": True})
+
+
+def _broker_ok() -> tuple[bool, str]:
+    if not settings.REDIS_URL:
+        return settings.BROKER_DIR.is_dir(), "filesystem"
+    import redis
+
+    try:
+        redis.Redis.from_url(settings.REDIS_URL, socket_timeout=1, socket_connect_timeout=1).ping()
+    except redis.RedisError as exc:
+        return False, str(exc)
+    return True, "redis"
+
+
+def readyz(request: HttpRequest) -> JsonResponse:
+    checks: dict[str, str] = {}
+    ok = True
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        checks["database"] = "ok"
+    except DatabaseError as exc:
+        ok, checks["database"] = False, f"unavailable: {type(exc).__name__}"
+    broker_ok, detail = _broker_ok()
+    checks["broker"] = "ok" if broker_ok else f"unavailable: {detail}"
+    ok = ok and broker_ok
+    return JsonResponse({"ok": ok, "checks": checks}, status=200 if ok else 503)
+
+
+def metrics(request: HttpRequest) -> HttpResponse:
+    """Prometheus text format (version 0.0.4)."""
+    status = queue_status()
+    lines: list[str] = []
+
+    def gauge(name: str, help_text: str, samples: list[tuple[dict[str, str], float | int | None]]) -> None:
+        lines.append(f"# HELP {name} {help_text}")
+        lines.append(f"# TYPE {name} gauge")
+        for labels, value in samples:
+            label_text = ",".join(f'{k}="{v}"' for k, v in labels.items())
+            lines.append(f"{name}{{{label_text}}} {0 if value is None else value}" if label_text else f"{name} {0 if value is None else value}")
+
+    for queue in ("inbox", "consumer_runs", "outbox"):
+        gauge(
+            f"dovecote_{queue}_items",
+            f"{queue} rows by state",
+            [({"state": state}, n) for state, n in status[queue].items()],
+        )
+    gauge(
+        "dovecote_oldest_waiting_seconds",
+        "age of the oldest waiting item by queue",
+        [({"queue": q}, age) for q, age in status["oldest_waiting"].items()],
+    )
+    gauge(
+        "dovecote_sends_total",
+        "Bot API requests by outcome",
+        [({"outcome": outcome}, n) for outcome, n in status["sends_by_outcome"].items()],
+    )
+    gauge("dovecote_dead_letters_open", "open dead letters", [({}, status["dead_letters"]["open"])])
+    gauge(
+        "dovecote_dead_letters_open_by_reason",
+        "open dead letters by reason",
+        [({"reason": r}, n) for r, n in status["dead_letters"]["by_reason"].items()],
+    )
+    gauge(
+        "dovecote_reconciliation_cases_open", "open reconciliation cases", [({}, status["open_reconciliation_cases"])]
+    )
+    return HttpResponse("\n".join(lines) + "\n", content_type="text/plain; version=0.0.4; charset=utf-8")
