@@ -1,0 +1,184 @@
+"""The webhook contract (CONTRACT.md), row by row, against the real PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+from django.test import Client, override_settings
+
+from bots.models import InboundUpdate, UpdateState
+
+pytestmark = pytest.mark.django_db
+
+
+def message_update(update_id: int, text: str = "hello", chat_id: int = 4242) -> dict:
+    return {
+        "update_id": update_id,
+        "message": {
+            "message_id": update_id,
+            "date": 1_700_000_000,
+            "chat": {"id": chat_id, "type": "private", "first_name": "Alice"},
+            "from": {"id": chat_id, "is_bot": False, "first_name": "Alice"},
+            "text": text,
+        },
+    }
+
+
+def post(client: Client, bot, body, **headers):  # noqa: ANN001, ANN201
+    data = body if isinstance(body, bytes | str) else json.dumps(body)
+    return client.post(bot.webhook_path, data=data, content_type="application/json", headers=headers)
+
+
+def test_it_stores_an_update_and_answers_200(client: Client, bot) -> None:  # noqa: ANN001
+    response = post(client, bot, message_update(1, "hi there"))
+
+    assert response.status_code == 200
+    assert response.json() == {"ok": True}
+    update = InboundUpdate.objects.get(bot=bot, update_id=1)
+    assert update.state == UpdateState.NEW
+    assert update.update_type == "message"
+    assert update.chat_id == 4242
+    assert update.user_id == 4242
+    assert update.message_id == 1
+    assert update.payload["message"]["text"] == "hi there"
+    assert len(update.trace_id) == 32
+
+
+def test_a_redelivered_update_answers_200_and_is_stored_once(client: Client, bot) -> None:  # noqa: ANN001
+    first = post(client, bot, message_update(7, "first"))
+    again = post(client, bot, message_update(7, "changed on redelivery"))
+
+    assert first.status_code == again.status_code == 200
+    assert InboundUpdate.objects.filter(bot=bot, update_id=7).count() == 1
+    assert InboundUpdate.objects.get(bot=bot, update_id=7).payload["message"]["text"] == "first"
+
+
+def test_the_same_update_id_for_two_bots_is_two_updates(client: Client, bot_factory) -> None:  # noqa: ANN001
+    alice_bot, bob_bot = bot_factory(), bot_factory()
+    assert post(client, alice_bot, message_update(5)).status_code == 200
+    assert post(client, bob_bot, message_update(5)).status_code == 200
+    assert InboundUpdate.objects.filter(update_id=5).count() == 2
+
+
+@pytest.mark.parametrize("given", [None, "wrong-secret", "s3cret-tok3n-but-longer"])
+def test_a_missing_or_wrong_secret_is_403_and_nothing_is_stored(client: Client, bot_factory, given) -> None:  # noqa: ANN001
+    secured = bot_factory(webhook_secret="s3cret-tok3n")
+    headers = {} if given is None else {"X-Telegram-Bot-Api-Secret-Token": given}
+
+    response = post(client, secured, message_update(1), **headers)
+
+    assert response.status_code == 403
+    assert not InboundUpdate.objects.exists()
+
+
+def test_the_right_secret_is_accepted(client: Client, bot_factory) -> None:  # noqa: ANN001
+    secured = bot_factory(webhook_secret="s3cret-tok3n")
+    response = post(client, secured, message_update(1), **{"X-Telegram-Bot-Api-Secret-Token": "s3cret-tok3n"})
+    assert response.status_code == 200
+    assert InboundUpdate.objects.count() == 1
+
+
+def test_an_unknown_bot_is_404(client: Client, bot) -> None:  # noqa: ANN001
+    response = client.post("/webhooks/telegram/nobody/", data=json.dumps(message_update(1)), content_type="application/json")
+    assert response.status_code == 404
+    assert not InboundUpdate.objects.exists()
+
+
+def test_an_inactive_bot_is_404(client: Client, bot_factory) -> None:  # noqa: ANN001
+    sleeping = bot_factory(is_active=False)
+    assert post(client, sleeping, message_update(1)).status_code == 404
+    assert not InboundUpdate.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"not json at all",
+        b"\xff\xfe\x00garbage",
+        b"[1, 2, 3]",
+        b'"just a string"',
+        b"{}",
+        b'{"update_id": "12"}',
+        b'{"update_id": 1.5}',
+        b'{"update_id": true}',
+        b'{"update_id": null}',
+        b'{"update_id": 99999999999999999999999}',
+        b"",
+    ],
+)
+def test_a_body_that_is_not_an_update_is_400_and_nothing_is_stored(client: Client, bot, body: bytes) -> None:  # noqa: ANN001
+    response = post(client, bot, body)
+    assert response.status_code == 400
+    assert response.json()["ok"] is False
+    assert not InboundUpdate.objects.exists()
+
+
+def test_a_nul_character_postgres_cannot_store_is_400_not_500(client: Client, bot) -> None:  # noqa: ANN001
+    response = post(client, bot, b'{"update_id": 3, "message": {"text": "a\\u0000b"}}')
+    assert response.status_code == 400
+    assert not InboundUpdate.objects.exists()
+
+
+@override_settings(DOVECOTE_WEBHOOK_MAX_BYTES=1024)
+def test_a_body_over_the_limit_is_413_and_nothing_is_stored(client: Client, bot) -> None:  # noqa: ANN001
+    response = post(client, bot, message_update(1, "x" * 2000))
+    assert response.status_code == 413
+    assert not InboundUpdate.objects.exists()
+
+
+@pytest.mark.parametrize("method", ["get", "put", "patch", "delete"])
+def test_any_method_but_post_is_405(client: Client, bot, method: str) -> None:  # noqa: ANN001
+    response = getattr(client, method)(bot.webhook_path)
+    assert response.status_code == 405
+    assert response["Allow"] == "POST"
+
+
+@pytest.mark.e2e
+def test_twenty_concurrent_deliveries_of_one_update_store_one_row(web: str, bot_factory) -> None:  # noqa: ANN001
+    bot = bot_factory()
+    body = json.dumps(message_update(77))
+
+    def deliver(_: int) -> int:
+        return httpx.post(f"{web}{bot.webhook_path}", content=body, headers={"Content-Type": "application/json"}).status_code
+
+    with ThreadPoolExecutor(max_workers=20) as pool:
+        statuses = list(pool.map(deliver, range(20)))
+
+    assert statuses == [200] * 20
+    assert InboundUpdate.objects.filter(bot=bot, update_id=77).count() == 1
+
+
+@pytest.mark.e2e
+def test_the_database_down_is_503_never_200(process_env: dict, processes: list, bot_factory) -> None:  # noqa: ANN001
+    from tests.support import start_web
+
+    bot = bot_factory()
+    # A database URL nobody answers on: the web process cannot store anything.
+    env = {**process_env, "DATABASE_URL": "postgres://postgres@127.0.0.1:9/nowhere", "DATABASE_CONNECT_TIMEOUT": "1"}
+    proc, url = start_web(env, name="web-nodb")
+    processes.append(proc)
+
+    response = httpx.post(f"{url}{bot.webhook_path}", json=message_update(1), timeout=10)
+
+    assert response.status_code == 503
+    assert httpx.get(f"{url}/readyz", timeout=10).status_code == 503
+    assert not InboundUpdate.objects.exists()
+
+
+@pytest.mark.e2e
+def test_the_broker_down_still_answers_200_with_the_row_committed(process_env: dict, processes: list, bot_factory) -> None:  # noqa: ANN001
+    from tests.support import start_web
+
+    bot = bot_factory()
+    env = {**process_env, "REDIS_URL": "redis://127.0.0.1:9/0"}
+    proc, url = start_web(env, name="web-noredis")
+    processes.append(proc)
+
+    response = httpx.post(f"{url}{bot.webhook_path}", json=message_update(11), timeout=20)
+
+    assert response.status_code == 200
+    assert InboundUpdate.objects.get(bot=bot, update_id=11).state == UpdateState.NEW
+    assert httpx.get(f"{url}/readyz", timeout=10).status_code == 503

@@ -1,0 +1,107 @@
+"""Fixtures: real PostgreSQL (pytest-django's test database), real Redis (db 15), the Bot API
+sandbox over HTTP, and real Celery workers and gunicorn as subprocesses."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+
+import pytest
+import redis
+from django.conf import settings
+from django.db import connection
+
+from bots.models import Bot
+from bots.sandbox.client import SandboxClient
+from bots.sandbox.server import SandboxServer
+from outbox import ratelimit
+from tests.support import Process, base_env, start_web, start_worker
+
+_bot_numbers = itertools.count(1)
+
+
+@pytest.fixture(autouse=True)
+def _clean_redis() -> Iterator[None]:
+    """Each test starts with an empty broker queue and limiter (Redis db 15)."""
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    client.flushdb()
+    ratelimit._storage.cache_clear()
+    ratelimit._limiter.cache_clear()
+    ratelimit._local_pauses.clear()
+    yield
+    client.flushdb()
+
+
+@pytest.fixture(scope="session")
+def sandbox_server() -> Iterator[SandboxServer]:
+    server = SandboxServer(port=0)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def sandbox(sandbox_server: SandboxServer) -> Iterator[SandboxClient]:
+    client = SandboxClient(sandbox_server.base_url)
+    client.reset()
+    yield client
+    client.reset()
+
+
+def make_bot(sandbox_url: str, **fields: object) -> Bot:
+    n = next(_bot_numbers)
+    defaults: dict[str, object] = {
+        "name": f"bot{n}",
+        "token": f"{100000 + n}:AAtest-token-{n:04d}-abcdefghijklmnopqrstuvwxyz",
+        "api_base_url": sandbox_url,
+        "responder": "echo",
+        "rate_limit": 30,
+    }
+    defaults.update(fields)
+    return Bot.objects.create(**defaults)
+
+
+@pytest.fixture
+def bot(db: None, sandbox_server: SandboxServer) -> Bot:
+    return make_bot(sandbox_server.base_url)
+
+
+@pytest.fixture
+def bot_factory(db: None, sandbox_server: SandboxServer):  # noqa: ANN201
+    return lambda **fields: make_bot(sandbox_server.base_url, **fields)
+
+
+@pytest.fixture
+def process_env(transactional_db: None, sandbox_server: SandboxServer) -> dict[str, str]:
+    """Environment for worker and web subprocesses: this test database, Redis db 15."""
+    db = connection.settings_dict
+    return base_env(
+        DATABASE_URL=f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        REDIS_URL=settings.REDIS_URL,
+        DOVECOTE_QUEUE_PREFIX="test.",
+        TELEGRAM_API_BASE_URL=sandbox_server.base_url,
+        DOVECOTE_REPLY_DEBOUNCE_SECONDS="0",
+    )
+
+
+@pytest.fixture
+def processes() -> Iterator[list[Process]]:
+    """Processes a test starts; stopped (by PID) when it ends."""
+    started: list[Process] = []
+    yield started
+    for proc in started:
+        proc.stop()
+
+
+@pytest.fixture
+def worker(process_env: dict[str, str], processes: list[Process]) -> Process:
+    proc = start_worker(process_env)
+    processes.append(proc)
+    return proc
+
+
+@pytest.fixture
+def web(process_env: dict[str, str], processes: list[Process]) -> str:
+    proc, url = start_web(process_env)
+    processes.append(proc)
+    return url

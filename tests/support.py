@@ -1,0 +1,125 @@
+"""Real processes for the tests: Celery workers, gunicorn, the sandbox; and polling helpers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(predicate: Callable[[], Any], *, timeout: float = 15.0, interval: float = 0.05, message: str = "") -> Any:
+    """Poll until predicate() is truthy; return its value, or fail the test with a message."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message or predicate}")
+        time.sleep(interval)
+
+
+class Process:
+    """A subprocess in its own process group, with its output in a log file."""
+
+    def __init__(self, name: str, args: list[str], env: dict[str, str]) -> None:
+        self.name = name
+        self.log_path = Path(tempfile.mkstemp(prefix=f"dovecote-{name}-", suffix=".log")[1])
+        self._log = self.log_path.open("wb")
+        self.proc = subprocess.Popen(
+            args, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def kill(self) -> None:
+        """SIGKILL the whole group, as a power cut would."""
+        if self.alive():
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.alive():
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._log.close()
+
+
+def base_env(**overrides: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "DOVECOTE_FAILPOINTS"))}
+    env.update(
+        DJANGO_SETTINGS_MODULE="project.test_settings",
+        PYTHONUNBUFFERED="1",
+        DEBUG="1",
+    )
+    env.update(overrides)
+    return env
+
+
+def start_worker(env: dict[str, str], *, pool: str = "prefork", concurrency: int = 2, name: str = "worker") -> Process:
+    queues = f"{env['DOVECOTE_QUEUE_PREFIX']}dovecote,{env['DOVECOTE_QUEUE_PREFIX']}dovecote.bulk"
+    hostname = f"{name}-{os.getpid()}-{time.monotonic_ns()}@%h"
+    proc = Process(
+        name,
+        [
+            str(VENV_BIN / "celery"), "-A", "project", "worker", "-l", "info", "-Q", queues, "-P", pool,
+            "-c", str(concurrency), "-n", hostname, "--without-gossip", "--without-mingle", "--without-heartbeat",
+        ],
+        env,
+    )
+    wait_until(lambda: "ready." in proc.log() or not proc.alive(), timeout=30, message="celery worker ready")
+    if not proc.alive():
+        raise AssertionError(f"worker died on start:\n{proc.log()}")
+    return proc
+
+
+def start_web(env: dict[str, str], *, name: str = "web") -> tuple[Process, str]:
+    port = free_port()
+    proc = Process(
+        name,
+        [str(VENV_BIN / "gunicorn"), "project.wsgi", "-b", f"127.0.0.1:{port}", "-w", "2", "--threads", "8",
+         "--graceful-timeout", "2"],
+        env,
+    )
+    url = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        if not proc.alive():
+            raise AssertionError(f"web died on start:\n{proc.log()}")
+        try:
+            return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_until(up, timeout=30, message="gunicorn ready")
+    return proc, url
