@@ -177,7 +177,13 @@ class ConsumerContext:
         return f"upd:{self.update.update_id}:{self.consumer}:{self._sent if n is None else n}"
 
     def send(
-        self, *, chat_id: int, payload: dict[str, Any], method: str = "sendMessage", key: str | None = None, **options: Any
+        self,
+        *,
+        chat_id: int,
+        payload: dict[str, Any],
+        method: str = "sendMessage",
+        key: str | None = None,
+        **options: Any,
     ) -> OutboundMessage:
         """Write an outbound message (once per key); the outbox delivers it."""
         from outbox.services import outbound_message_enqueue

@@ -12,7 +12,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from bots import registry, transitions
-from bots.models import Bot, ConsumerRun, InboundUpdate, RunState, UpdateState
+from bots.models import Bot, ConsumerRun, InboundUpdate, UpdateState
 from outbox import circuits
 from outbox.logging import current_trace_id
 from outbox.models import DeadLetter
@@ -171,7 +171,9 @@ def consumer_run_execute(run_pk: int) -> str:
         spec.func(ctx)
     except registry.AuthError as exc:
         delay = circuits.open_for_auth(_consumer_scope(spec.name), reason=str(exc))
-        transitions.schedule_run_retry(run.pk, worker=worker, delay=delay, error=str(exc), error_class="auth", free=True)
+        transitions.schedule_run_retry(
+            run.pk, worker=worker, delay=delay, error=str(exc), error_class="auth", free=True
+        )
         return "paused"
     except registry.PermanentError as exc:
         _dead_letter_run(run, worker=worker, error=_describe(exc), error_class="permanent")

@@ -39,7 +39,7 @@ def claim_run(run_id: int, *, worker: str, lease: timedelta) -> bool:
     return n == 1
 
 
-def _owned(run_id: int, worker: str):  # noqa: ANN202 - a QuerySet
+def _owned(run_id: int, worker: str):
     return ConsumerRun.objects.filter(pk=run_id, state=RunState.RUNNING, lease_owner=worker)
 
 
@@ -51,7 +51,9 @@ def mark_run_done(run_id: int, *, worker: str) -> bool:
     return n == 1
 
 
-def schedule_run_retry(run_id: int, *, worker: str, delay: float, error: str, error_class: str, free: bool = False) -> bool:
+def schedule_run_retry(
+    run_id: int, *, worker: str, delay: float, error: str, error_class: str, free: bool = False
+) -> bool:
     now = timezone.now()
     fields = {
         "state": RunState.RETRY,
@@ -88,7 +90,11 @@ def cancel_run(run_id: int, *, reason: str, worker: str | None = None) -> bool:
     now = timezone.now()
     rows = _owned(run_id, worker) if worker else ConsumerRun.objects.filter(pk=run_id, state__in=RUN_WAITING)
     n = rows.update(
-        state=RunState.CANCELLED, cancel_reason=reason[:2000], finished_at=now, updated_at=now, lease_owner="",
+        state=RunState.CANCELLED,
+        cancel_reason=reason[:2000],
+        finished_at=now,
+        updated_at=now,
+        lease_owner="",
         lease_expires_at=None,
     )
     return n == 1
@@ -99,8 +105,13 @@ def release_expired_run(run_id: int) -> bool:
     guarded by stable keys, so running it again is safe."""
     now = timezone.now()
     n = ConsumerRun.objects.filter(pk=run_id, state=RunState.RUNNING, lease_expires_at__lt=now).update(
-        state=RunState.RETRY, next_attempt_at=now, lease_owner="", lease_expires_at=None, updated_at=now,
-        last_error="worker died or timed out while running", last_error_class="transient",
+        state=RunState.RETRY,
+        next_attempt_at=now,
+        lease_owner="",
+        lease_expires_at=None,
+        updated_at=now,
+        last_error="worker died or timed out while running",
+        last_error_class="transient",
     )
     return n == 1
 

@@ -17,7 +17,6 @@ from outbox.logging import current_trace_id
 
 logger = logging.getLogger(__name__)
 
-SECRET_HEADER = "HTTP_X_TELEGRAM_BOT_API_SECRET_TOKEN"
 
 
 def _error(status: int, description: str) -> JsonResponse:
@@ -74,7 +73,9 @@ def telegram_webhook(request: HttpRequest, name: str) -> JsonResponse:
         logger.exception("database unavailable; answered 503")
         return _error(503, "storage unavailable, retry later")
     logger.info(
-        "update %s %s", update.update_id, "stored" if created else "duplicate dropped",
+        "update %s %s",
+        update.update_id,
+        "stored" if created else "duplicate dropped",
         extra={"bot": bot.name, "update_type": update.update_type},
     )
     return JsonResponse({"ok": True})

@@ -96,7 +96,7 @@ class _ProcessLoop:
             )
             # Initialise the HTTP clients only: Bot.initialize() would also call getMe.
             await bot.request.initialize()
-            await bot._request[0].initialize()  # noqa: SLF001 - the getUpdates client
+            await bot._request[0].initialize()
             self._bots[key] = bot
         return bot
 
@@ -142,7 +142,9 @@ async def get_bot(token: str, base_url: str) -> telegram.Bot:
     return await _process_loop.bot(token, api_base_url(base_url))
 
 
-def call(*, token: str, base_url: str, method: str, params: dict[str, Any], timeout: float | None = None) -> CallOutcome:
+def call(
+    *, token: str, base_url: str, method: str, params: dict[str, Any], timeout: float | None = None
+) -> CallOutcome:
     """Make one Bot API call and classify its outcome. Never raises for Telegram errors."""
 
     async def _call() -> Any:
@@ -204,7 +206,9 @@ def classify(exc: BaseException) -> CallOutcome:
             migrate_to_chat_id=int(exc.new_chat_id),
         )
     if isinstance(exc, tg_error.InvalidToken):
-        return CallOutcome(ok=False, error_class=ErrorClass.AUTH, http_status=401, error_code=401, description=description)
+        return CallOutcome(
+            ok=False, error_class=ErrorClass.AUTH, http_status=401, error_code=401, description=description
+        )
     if isinstance(exc, tg_error.Forbidden):
         return CallOutcome(
             ok=False, error_class=ErrorClass.PERMANENT, http_status=403, error_code=403, description=description

@@ -82,11 +82,7 @@ WSGI_APPLICATION = "project.wsgi.application"
 # --- Database -------------------------------------------------------------------------
 # SQLite is the zero-install default for the demo. Measured here: without IMMEDIATE
 # transactions, 37-72 % of read-then-write Celery tasks died with "database is locked".
-DATABASES = {
-    "default": env.db_url(
-        "DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'dovecote.sqlite3'}"
-    )
-}
+DATABASES = {"default": env.db_url("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'dovecote.sqlite3'}")}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["OPTIONS"] = {
         "transaction_mode": "IMMEDIATE",
@@ -140,13 +136,14 @@ if REDIS_URL:
         "visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT", default=3600),
     }
 else:
-    for sub in ("in", "processed"):
+    for sub in ("in", "processed", "control"):
         (BROKER_DIR / sub).mkdir(parents=True, exist_ok=True)
-    CELERY_BROKER_URL = "filesystem://"
+    CELERY_BROKER_URL = "filesystem://localhost/"
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(BROKER_DIR / "in"),
         "data_folder_out": str(BROKER_DIR / "in"),
         "processed_folder": str(BROKER_DIR / "processed"),
+        "control_folder": str(BROKER_DIR / "control"),
         "store_processed": False,
         # The default 1 s poll adds ~0.6 s per hop.
         "polling_interval": 0.1,

@@ -12,6 +12,6 @@ os.environ.setdefault("DOVECOTE_QUEUE_PREFIX", "test.")
 os.environ.setdefault("DOVECOTE_REPLY_DEBOUNCE_SECONDS", "0")
 os.environ.setdefault("TELEGRAM_API_BASE_URL", "http://127.0.0.1:9")
 
-from project.settings import *  # noqa: E402, F403
+from project.settings import *  # noqa: F403
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

@@ -54,7 +54,11 @@ def metrics(request: HttpRequest) -> HttpResponse:
         lines.append(f"# TYPE {name} gauge")
         for labels, value in samples:
             label_text = ",".join(f'{k}="{v}"' for k, v in labels.items())
-            lines.append(f"{name}{{{label_text}}} {0 if value is None else value}" if label_text else f"{name} {0 if value is None else value}")
+            lines.append(
+                f"{name}{{{label_text}}} {0 if value is None else value}"
+                if label_text
+                else f"{name} {0 if value is None else value}"
+            )
 
     for queue in ("inbox", "consumer_runs", "outbox"):
         gauge(

@@ -67,7 +67,7 @@ def bot(db: None, sandbox_server: SandboxServer) -> Bot:
 
 
 @pytest.fixture
-def bot_factory(db: None, sandbox_server: SandboxServer):  # noqa: ANN201
+def bot_factory(db: None, sandbox_server: SandboxServer):
     return lambda **fields: make_bot(sandbox_server.base_url, **fields)
 
 

@@ -25,7 +25,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_until(predicate: Callable[[], Any], *, timeout: float = 15.0, interval: float = 0.05, message: str = "") -> Any:
+def wait_until(
+    predicate: Callable[[], Any], *, timeout: float = 15.0, interval: float = 0.05, message: str = ""
+) -> Any:
     """Poll until predicate() is truthy; return its value, or fail the test with a message."""
     deadline = time.monotonic() + timeout
     while True:
@@ -92,8 +94,23 @@ def start_worker(env: dict[str, str], *, pool: str = "prefork", concurrency: int
     proc = Process(
         name,
         [
-            str(VENV_BIN / "celery"), "-A", "project", "worker", "-l", "info", "-Q", queues, "-P", pool,
-            "-c", str(concurrency), "-n", hostname, "--without-gossip", "--without-mingle", "--without-heartbeat",
+            str(VENV_BIN / "celery"),
+            "-A",
+            "project",
+            "worker",
+            "-l",
+            "info",
+            "-Q",
+            queues,
+            "-P",
+            pool,
+            "-c",
+            str(concurrency),
+            "-n",
+            hostname,
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
         ],
         env,
     )
@@ -107,8 +124,18 @@ def start_web(env: dict[str, str], *, name: str = "web") -> tuple[Process, str]:
     port = free_port()
     proc = Process(
         name,
-        [str(VENV_BIN / "gunicorn"), "project.wsgi", "-b", f"127.0.0.1:{port}", "-w", "2", "--threads", "8",
-         "--graceful-timeout", "2"],
+        [
+            str(VENV_BIN / "gunicorn"),
+            "project.wsgi",
+            "-b",
+            f"127.0.0.1:{port}",
+            "-w",
+            "2",
+            "--threads",
+            "8",
+            "--graceful-timeout",
+            "2",
+        ],
         env,
     )
     url = f"http://127.0.0.1:{port}"

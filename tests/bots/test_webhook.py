@@ -27,12 +27,12 @@ def message_update(update_id: int, text: str = "hello", chat_id: int = 4242) -> 
     }
 
 
-def post(client: Client, bot, body, **headers):  # noqa: ANN001, ANN201
+def post(client: Client, bot, body, **headers):
     data = body if isinstance(body, bytes | str) else json.dumps(body)
     return client.post(bot.webhook_path, data=data, content_type="application/json", headers=headers)
 
 
-def test_it_stores_an_update_and_answers_200(client: Client, bot) -> None:  # noqa: ANN001
+def test_it_stores_an_update_and_answers_200(client: Client, bot) -> None:
     response = post(client, bot, message_update(1, "hi there"))
 
     assert response.status_code == 200
@@ -47,7 +47,7 @@ def test_it_stores_an_update_and_answers_200(client: Client, bot) -> None:  # no
     assert len(update.trace_id) == 32
 
 
-def test_a_redelivered_update_answers_200_and_is_stored_once(client: Client, bot) -> None:  # noqa: ANN001
+def test_a_redelivered_update_answers_200_and_is_stored_once(client: Client, bot) -> None:
     first = post(client, bot, message_update(7, "first"))
     again = post(client, bot, message_update(7, "changed on redelivery"))
 
@@ -56,7 +56,7 @@ def test_a_redelivered_update_answers_200_and_is_stored_once(client: Client, bot
     assert InboundUpdate.objects.get(bot=bot, update_id=7).payload["message"]["text"] == "first"
 
 
-def test_the_same_update_id_for_two_bots_is_two_updates(client: Client, bot_factory) -> None:  # noqa: ANN001
+def test_the_same_update_id_for_two_bots_is_two_updates(client: Client, bot_factory) -> None:
     alice_bot, bob_bot = bot_factory(), bot_factory()
     assert post(client, alice_bot, message_update(5)).status_code == 200
     assert post(client, bob_bot, message_update(5)).status_code == 200
@@ -64,7 +64,7 @@ def test_the_same_update_id_for_two_bots_is_two_updates(client: Client, bot_fact
 
 
 @pytest.mark.parametrize("given", [None, "wrong-secret", "s3cret-tok3n-but-longer"])
-def test_a_missing_or_wrong_secret_is_403_and_nothing_is_stored(client: Client, bot_factory, given) -> None:  # noqa: ANN001
+def test_a_missing_or_wrong_secret_is_403_and_nothing_is_stored(client: Client, bot_factory, given) -> None:
     secured = bot_factory(webhook_secret="s3cret-tok3n")
     headers = {} if given is None else {"X-Telegram-Bot-Api-Secret-Token": given}
 
@@ -74,20 +74,22 @@ def test_a_missing_or_wrong_secret_is_403_and_nothing_is_stored(client: Client, 
     assert not InboundUpdate.objects.exists()
 
 
-def test_the_right_secret_is_accepted(client: Client, bot_factory) -> None:  # noqa: ANN001
+def test_the_right_secret_is_accepted(client: Client, bot_factory) -> None:
     secured = bot_factory(webhook_secret="s3cret-tok3n")
     response = post(client, secured, message_update(1), **{"X-Telegram-Bot-Api-Secret-Token": "s3cret-tok3n"})
     assert response.status_code == 200
     assert InboundUpdate.objects.count() == 1
 
 
-def test_an_unknown_bot_is_404(client: Client, bot) -> None:  # noqa: ANN001
-    response = client.post("/webhooks/telegram/nobody/", data=json.dumps(message_update(1)), content_type="application/json")
+def test_an_unknown_bot_is_404(client: Client, bot) -> None:
+    response = client.post(
+        "/webhooks/telegram/nobody/", data=json.dumps(message_update(1)), content_type="application/json"
+    )
     assert response.status_code == 404
     assert not InboundUpdate.objects.exists()
 
 
-def test_an_inactive_bot_is_404(client: Client, bot_factory) -> None:  # noqa: ANN001
+def test_an_inactive_bot_is_404(client: Client, bot_factory) -> None:
     sleeping = bot_factory(is_active=False)
     assert post(client, sleeping, message_update(1)).status_code == 404
     assert not InboundUpdate.objects.exists()
@@ -109,40 +111,42 @@ def test_an_inactive_bot_is_404(client: Client, bot_factory) -> None:  # noqa: A
         b"",
     ],
 )
-def test_a_body_that_is_not_an_update_is_400_and_nothing_is_stored(client: Client, bot, body: bytes) -> None:  # noqa: ANN001
+def test_a_body_that_is_not_an_update_is_400_and_nothing_is_stored(client: Client, bot, body: bytes) -> None:
     response = post(client, bot, body)
     assert response.status_code == 400
     assert response.json()["ok"] is False
     assert not InboundUpdate.objects.exists()
 
 
-def test_a_nul_character_postgres_cannot_store_is_400_not_500(client: Client, bot) -> None:  # noqa: ANN001
+def test_a_nul_character_postgres_cannot_store_is_400_not_500(client: Client, bot) -> None:
     response = post(client, bot, b'{"update_id": 3, "message": {"text": "a\\u0000b"}}')
     assert response.status_code == 400
     assert not InboundUpdate.objects.exists()
 
 
 @override_settings(DOVECOTE_WEBHOOK_MAX_BYTES=1024)
-def test_a_body_over_the_limit_is_413_and_nothing_is_stored(client: Client, bot) -> None:  # noqa: ANN001
+def test_a_body_over_the_limit_is_413_and_nothing_is_stored(client: Client, bot) -> None:
     response = post(client, bot, message_update(1, "x" * 2000))
     assert response.status_code == 413
     assert not InboundUpdate.objects.exists()
 
 
 @pytest.mark.parametrize("method", ["get", "put", "patch", "delete"])
-def test_any_method_but_post_is_405(client: Client, bot, method: str) -> None:  # noqa: ANN001
+def test_any_method_but_post_is_405(client: Client, bot, method: str) -> None:
     response = getattr(client, method)(bot.webhook_path)
     assert response.status_code == 405
     assert response["Allow"] == "POST"
 
 
 @pytest.mark.e2e
-def test_twenty_concurrent_deliveries_of_one_update_store_one_row(web: str, bot_factory) -> None:  # noqa: ANN001
+def test_twenty_concurrent_deliveries_of_one_update_store_one_row(web: str, bot_factory) -> None:
     bot = bot_factory()
     body = json.dumps(message_update(77))
 
     def deliver(_: int) -> int:
-        return httpx.post(f"{web}{bot.webhook_path}", content=body, headers={"Content-Type": "application/json"}).status_code
+        return httpx.post(
+            f"{web}{bot.webhook_path}", content=body, headers={"Content-Type": "application/json"}
+        ).status_code
 
     with ThreadPoolExecutor(max_workers=20) as pool:
         statuses = list(pool.map(deliver, range(20)))
@@ -152,7 +156,7 @@ def test_twenty_concurrent_deliveries_of_one_update_store_one_row(web: str, bot_
 
 
 @pytest.mark.e2e
-def test_the_database_down_is_503_never_200(process_env: dict, processes: list, bot_factory) -> None:  # noqa: ANN001
+def test_the_database_down_is_503_never_200(process_env: dict, processes: list, bot_factory) -> None:
     from tests.support import start_web
 
     bot = bot_factory()
@@ -169,7 +173,9 @@ def test_the_database_down_is_503_never_200(process_env: dict, processes: list, 
 
 
 @pytest.mark.e2e
-def test_the_broker_down_still_answers_200_with_the_row_committed(process_env: dict, processes: list, bot_factory) -> None:  # noqa: ANN001
+def test_the_broker_down_still_answers_200_with_the_row_committed(
+    process_env: dict, processes: list, bot_factory
+) -> None:
     from tests.support import start_web
 
     bot = bot_factory()

@@ -13,7 +13,7 @@ from tests.support import wait_until
 pytestmark = [pytest.mark.e2e]
 
 
-def test_each_update_gets_exactly_one_echo_reply(web: str, worker, sandbox, bot_factory) -> None:  # noqa: ANN001
+def test_each_update_gets_exactly_one_echo_reply(web: str, worker, sandbox, bot_factory) -> None:
     bot = bot_factory(webhook_secret="alices-secret")
     call_command("set_webhook", bot.name, "--url", web)
 
@@ -39,7 +39,7 @@ def test_each_update_gets_exactly_one_echo_reply(web: str, worker, sandbox, bot_
         assert ConsumerRun.objects.get(update=update, consumer="auto_reply").state == RunState.DONE
 
 
-def test_a_redelivered_update_gets_no_second_reply(web: str, worker, sandbox, bot_factory) -> None:  # noqa: ANN001
+def test_a_redelivered_update_gets_no_second_reply(web: str, worker, sandbox, bot_factory) -> None:
     bot = bot_factory()
     call_command("set_webhook", bot.name, "--url", web)
     first = sandbox.push_message(bot.token, chat_id=555, text="only once")
@@ -61,7 +61,7 @@ def test_a_redelivered_update_gets_no_second_reply(web: str, worker, sandbox, bo
 
 
 def test_an_update_stored_while_redis_was_down_is_answered_after_the_sweep(
-    process_env: dict, processes: list, worker, sandbox, bot_factory  # noqa: ANN001
+    process_env: dict, processes: list, worker, sandbox, bot_factory
 ) -> None:
     from reconciliation.sweeper import REDISPATCH_GRACE, sweep
     from tests.support import start_web

@@ -13,7 +13,9 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("name", help="Bot name; part of the webhook URL (A-Z a-z 0-9 _ -).")
         parser.add_argument("--token", required=True, help="Bot API token from @BotFather.")
-        parser.add_argument("--webhook-secret", help="Secret token Telegram sends with each update (1-256 of A-Z a-z 0-9 _ -).")
+        parser.add_argument(
+            "--webhook-secret", help="Secret token Telegram sends with each update (1-256 of A-Z a-z 0-9 _ -)."
+        )
         parser.add_argument("--api-base-url", help="Bot API root for this bot (a local Bot API server or the sandbox).")
         parser.add_argument("--responder", choices=[r.value for r in Responder], help="Who writes auto-replies.")
         parser.add_argument("--rate-limit", type=int, metavar="MSGS_PER_SEC", help="Messages per second for this bot.")

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Make sure PostgreSQL and Redis run on 127.0.0.1 for `make test`: install them from Debian's
+# packages when missing (as root), start them when installed but stopped. Never stops anything.
+set -euo pipefail
+
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else "$@"; fi; }
+
+apt_updated=""
+apt_install() {
+  [ -n "$apt_updated" ] || { as_root apt-get update -qq; apt_updated=1; }
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+pg_up() { pg_isready -h 127.0.0.1 -p 5432 -q 2>/dev/null; }
+
+if ! pg_up; then
+  if ! command -v pg_ctlcluster >/dev/null; then
+    echo "services: installing PostgreSQL"
+    apt_install postgresql
+    fresh_pg=1
+  fi
+  version=$(ls /etc/postgresql | sort -V | tail -n1)
+  if [ "${fresh_pg:-}" = 1 ]; then
+    # A fresh cluster asks for passwords over TCP; the test suite connects as postgres
+    # without one, as on the CI machines (trust on loopback only).
+    hba=/etc/postgresql/$version/main/pg_hba.conf
+    as_root sed -i -E 's/^(host\s+all\s+all\s+(127\.0\.0\.1\/32|::1\/128)\s+)\S+/\1trust/' "$hba"
+  fi
+  echo "services: starting PostgreSQL $version"
+  as_root pg_ctlcluster --skip-systemctl-redirect "$version" main start || true
+  for _ in $(seq 1 30); do pg_up && break; sleep 1; done
+  pg_up || { echo "services: PostgreSQL did not start" >&2; exit 1; }
+fi
+
+redis_up() { redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; }
+
+if ! redis_up; then
+  if ! command -v redis-server >/dev/null; then
+    echo "services: installing Redis"
+    apt_install redis-server
+  fi
+  echo "services: starting Redis"
+  as_root mkdir -p /var/lib/redis /var/log/redis
+  as_root redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
+    --dir /var/lib/redis --logfile /var/log/redis/ci.log
+  for _ in $(seq 1 30); do redis_up && break; sleep 0.5; done
+  redis_up || { echo "services: Redis did not start" >&2; exit 1; }
+fi
+
+# The browser test drives Debian's Chromium (Playwright's own browser download is not reachable).
+if [ ! -x /usr/bin/chromium ]; then
+  echo "services: installing Chromium for the browser test"
+  apt_install chromium || echo "services: Chromium could not be installed; the browser test will be skipped" >&2
+fi
