@@ -209,3 +209,27 @@ class ConsumerContext:
         if self.update.chat_id is None:
             raise PermanentError("this update has no chat to reply to")
         return self.send(chat_id=self.update.chat_id, payload={"text": text, **payload})
+
+    def effect_key(self, operation: str) -> str:
+        """One key per effect: (bot, update, consumer, operation). A retry of this run
+        reuses it; a new update (a new intentional command) gets its own."""
+        return f"eff:{self.update.bot_id}:{self.update.update_id}:{self.consumer}:{operation}"
+
+    def effect(self, operation: str, fn: Callable[[Any], Any], *, reconcile: Callable[[str], Any] | None = None) -> Any:
+        """Run a side effect (a CRM call, a payment...) at most once through the effect
+        ledger; returns its result, or the stored one when it already happened.
+        ``fn(handle)`` gets ``handle.key`` to pass on as an Idempotency-Key. Raise
+        `TransientError`/`PermanentError`/`AuthError` for a refusal that certainly did not
+        apply; any other exception leaves the outcome unknown and opens a case."""
+        from outbox import effects
+
+        try:
+            return effects.effect_run(
+                self.effect_key(operation), fn, trace_id=self.trace_id, reconcile=reconcile,
+                not_applied=(ConsumerError,),
+            )
+        except effects.EffectInProgress as exc:
+            raise TransientError(str(exc)) from exc
+        except effects.EffectAmbiguous as exc:
+            # Retrying cannot settle it: an operator decides on the reconciliation case.
+            raise PermanentError(str(exc)) from exc

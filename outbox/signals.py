@@ -10,3 +10,6 @@ import django.dispatch
 message_ambiguous = django.dispatch.Signal()
 # sender=OutboundMessage, message=<OutboundMessage>, dead_letter=<DeadLetter>
 message_dead_lettered = django.dispatch.Signal()
+# sender=Effect, effect=<Effect>, facts=<dict>: an effect's outcome is unknown and no
+# lookup settled it; reconciliation opens a case (inside the sender's transaction).
+effect_ambiguous = django.dispatch.Signal()
