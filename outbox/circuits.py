@@ -1,17 +1,27 @@
-"""Circuit breakers for destinations (a bot's Bot API access, a consumer's endpoint).
+"""Circuit breakers for destinations (a bot's Bot API access: ``bot:<id>``; a consumer's
+endpoint: ``consumer:<name>``).
 
-Open: attempts stop and the queue is kept; one alert is logged when it opens, not one per
-message. After `next_probe_at` work flows again as a probe (half-open): a success closes
-the circuit, another failure opens it again for longer. A manual (operator) pause has no
-probe time and is only lifted by an operator.
+closed -> open: an auth error, or FAILURES_TO_OPEN failures in a row. Attempts stop, the
+  queue is kept, and exactly one alert is logged (``alert=circuit_open``) per opening -
+  the conditional UPDATE closed -> open decides which worker logs it.
+open -> half_open: at ``next_probe_at`` one caller wins the conditional UPDATE and sends
+  a single probe; everyone else keeps waiting. The probe holds the circuit for
+  PROBE_LEASE_SECONDS, so a probe whose worker died is retried rather than orphaned.
+half_open -> closed: the probe succeeded. The backlog then drains gradually (the sweeper
+  releases RAMP_FIRST_BATCH, then twice as many each tick up to the rate limit; see
+  `ramp_allowance`), and every job re-checks its own state before it is sent.
+half_open -> open: the probe failed; the next probe waits twice as long (up to
+  MAX_PROBE_SECONDS). Same outage: no second alert.
+A manual (operator) pause has no probe time and is lifted only by `resume`.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from datetime import timedelta
 
-from django.db.models import F
+from django.db.models import Case, F, Value, When
 from django.utils import timezone
 
 from outbox.models import Circuit, CircuitState
@@ -21,12 +31,43 @@ logger = logging.getLogger(__name__)
 FAILURES_TO_OPEN = 10
 FIRST_PROBE_SECONDS = 30.0
 MAX_PROBE_SECONDS = 600.0
+PROBE_LEASE_SECONDS = 60.0
+# After a circuit closes, the sweeper releases this many of its backlog in the first tick
+# and doubles it each tick, until the bot's rate limit caps it.
+RAMP_FIRST_BATCH = 10
+RAMP_TICKS = 8
+
+_NOT_CLOSED = (CircuitState.OPEN, CircuitState.HALF_OPEN)
+
+
+def allow(scope: str) -> bool:
+    """May a call to this destination go out now? True when closed, or when this caller
+    has just won the single half-open probe."""
+    circuit = Circuit.objects.filter(scope=scope).only("state", "manual", "next_probe_at").first()
+    if circuit is None or circuit.state == CircuitState.CLOSED:
+        return True
+    return try_probe(scope)
 
 
 def is_open(scope: str) -> bool:
+    """The negation of `allow` (kept for callers that ask it that way): note that a False
+    may mean "you are the probe"."""
+    return not allow(scope)
+
+
+def try_probe(scope: str) -> bool:
+    """open|half_open (probe due) -> half_open, won by exactly one caller."""
     now = timezone.now()
-    circuit = Circuit.objects.filter(scope=scope, state=CircuitState.OPEN).first()
-    return circuit is not None and (circuit.next_probe_at is None or circuit.next_probe_at > now)
+    n = Circuit.objects.filter(
+        scope=scope, state__in=_NOT_CLOSED, manual=False, next_probe_at__isnull=False, next_probe_at__lte=now
+    ).update(
+        state=CircuitState.HALF_OPEN,
+        next_probe_at=now + timedelta(seconds=PROBE_LEASE_SECONDS),
+        updated_at=now,
+    )
+    if n == 1:
+        logger.info("circuit %s half-open: sending one probe", scope, extra={"scope": scope})
+    return n == 1
 
 
 def _open(scope: str, *, reason: str) -> float:
@@ -35,22 +76,35 @@ def _open(scope: str, *, reason: str) -> float:
     circuit, _ = Circuit.objects.get_or_create(scope=scope)
     if circuit.manual and circuit.state == CircuitState.OPEN:
         return MAX_PROBE_SECONDS
-    was_open = circuit.state == CircuitState.OPEN
-    previous = (circuit.next_probe_at - circuit.opened_at).total_seconds() if (
-        was_open and circuit.next_probe_at and circuit.opened_at
-    ) else 0.0
-    delay = min(MAX_PROBE_SECONDS, max(FIRST_PROBE_SECONDS, previous * 2))
-    n = Circuit.objects.filter(pk=circuit.pk, manual=False).update(
+    # closed -> open: the one alert for this outage, logged by whoever wins the UPDATE.
+    n = Circuit.objects.filter(pk=circuit.pk, state=CircuitState.CLOSED, manual=False).update(
         state=CircuitState.OPEN,
         reason=reason[:2000],
         opened_at=now,
-        next_probe_at=now + timedelta(seconds=delay),
+        next_probe_at=now + timedelta(seconds=FIRST_PROBE_SECONDS),
         updated_at=now,
     )
-    if n and not was_open:
-        # The one alert for this outage.
-        logger.error("circuit %s opened: %s", scope, reason, extra={"alert": "circuit_open", "scope": scope})
-    return delay
+    if n == 1:
+        logger.error(
+            "circuit %s opened: %s", scope, reason, extra={"alert": "circuit_open", "scope": scope}
+        )
+        return FIRST_PROBE_SECONDS
+    # Already open or probing: a failed probe doubles the wait; other late failures of
+    # the same outage leave the schedule alone.
+    circuit.refresh_from_db()
+    if circuit.state == CircuitState.HALF_OPEN and circuit.opened_at:
+        delay = min(MAX_PROBE_SECONDS, max(FIRST_PROBE_SECONDS, 2 * (now - circuit.opened_at).total_seconds()))
+        Circuit.objects.filter(pk=circuit.pk, state=CircuitState.HALF_OPEN, manual=False).update(
+            state=CircuitState.OPEN,
+            reason=reason[:2000],
+            next_probe_at=now + timedelta(seconds=delay),
+            updated_at=now,
+        )
+        logger.warning("circuit %s probe failed; next probe in %.0fs", scope, delay, extra={"scope": scope})
+        return delay
+    if circuit.next_probe_at:
+        return max(0.0, (circuit.next_probe_at - now).total_seconds())
+    return MAX_PROBE_SECONDS
 
 
 def open_for_auth(scope: str, *, reason: str) -> float:
@@ -60,19 +114,41 @@ def open_for_auth(scope: str, *, reason: str) -> float:
 def record_failure(scope: str, *, reason: str) -> None:
     circuit, _ = Circuit.objects.get_or_create(scope=scope)
     Circuit.objects.filter(pk=circuit.pk).update(consecutive_failures=F("consecutive_failures") + 1)
-    if circuit.consecutive_failures + 1 >= FAILURES_TO_OPEN:
+    if circuit.state == CircuitState.HALF_OPEN or circuit.consecutive_failures + 1 >= FAILURES_TO_OPEN:
         _open(scope, reason=f"{circuit.consecutive_failures + 1} failures in a row: {reason}")
 
 
 def record_success(scope: str) -> None:
-    # Cheap on the hot path: touches only a circuit that is not already clean.
+    # Cheap on the hot path: touches only a circuit that is not already clean. The
+    # circuit's updated_at then says when it closed, which paces the backlog's ramp.
     n = (
         Circuit.objects.filter(scope=scope, manual=False)
         .exclude(state=CircuitState.CLOSED, consecutive_failures=0)
-        .update(state=CircuitState.CLOSED, consecutive_failures=0, next_probe_at=None, reason="")
+        .update(
+            state=CircuitState.CLOSED,
+            consecutive_failures=0,
+            next_probe_at=None,
+            reason="",
+            # Only a real close restarts the ramp; resetting a failure count does not.
+            updated_at=Case(When(state__in=_NOT_CLOSED, then=Value(timezone.now())), default=F("updated_at")),
+        )
     )
     if n:
-        logger.info("circuit %s closed", scope)
+        logger.info("circuit %s closed or reset", scope, extra={"scope": scope})
+
+
+def ramp_allowance(circuit: Circuit, *, cap: int, tick_seconds: float) -> int | None:
+    """How many of a recovering destination's backlog may be released this tick: None when
+    the circuit is not ramping (never opened, or closed long enough ago)."""
+    if circuit.state != CircuitState.CLOSED or circuit.opened_at is None or circuit.updated_at is None:
+        return None
+    ticks = max(0, math.floor((timezone.now() - circuit.updated_at).total_seconds() / max(tick_seconds, 1.0)))
+    if ticks >= RAMP_TICKS:
+        return None
+    allowance = RAMP_FIRST_BATCH * 2**ticks
+    if allowance >= cap:
+        return None
+    return allowance
 
 
 def pause(scope: str, *, reason: str) -> None:
@@ -80,11 +156,15 @@ def pause(scope: str, *, reason: str) -> None:
     now = timezone.now()
     Circuit.objects.update_or_create(
         scope=scope,
-        defaults={"state": CircuitState.OPEN, "manual": True, "reason": reason, "opened_at": now, "next_probe_at": None},
+        defaults={
+            "state": CircuitState.OPEN, "manual": True, "reason": reason, "opened_at": now, "next_probe_at": None,
+        },
     )
 
 
 def resume(scope: str) -> None:
-    Circuit.objects.filter(scope=scope).update(
-        state=CircuitState.CLOSED, manual=False, consecutive_failures=0, next_probe_at=None, reason=""
+    """An operator lifts a pause (or an outage they fixed): closed, then ramp up."""
+    Circuit.objects.filter(scope=scope).exclude(state=CircuitState.CLOSED, manual=False).update(
+        state=CircuitState.CLOSED, manual=False, consecutive_failures=0, next_probe_at=None, reason="",
+        updated_at=timezone.now(),
     )

@@ -16,12 +16,12 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Exists, OuterRef, Q, Value
+from django.db.models import Exists, OuterRef, Value
 from django.db.models.functions import Concat
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from outbox import policy, ratelimit, selectors, telegram, transitions
+from outbox import circuits, policy, ratelimit, selectors, telegram, transitions
 from outbox.failpoints import failpoint
 from outbox.logging import current_trace_id
 from outbox.models import Circuit, CircuitState, ErrorClass, OnAmbiguous, OutboundMessage, State
@@ -183,9 +183,9 @@ def outbound_message_send(message_id: int) -> SendResult:
     message = (
         OutboundMessage.objects.select_related("bot")
         .annotate(
-            circuit_open=Exists(
-                Circuit.objects.filter(scope=Concat(Value("bot:"), OuterRef("bot_id")), state=CircuitState.OPEN).filter(
-                    Q(next_probe_at__isnull=True) | Q(next_probe_at__gt=now)
+            circuit_not_closed=Exists(
+                Circuit.objects.filter(scope=Concat(Value("bot:"), OuterRef("bot_id"))).exclude(
+                    state=CircuitState.CLOSED
                 )
             )
         )
@@ -201,8 +201,9 @@ def outbound_message_send(message_id: int) -> SendResult:
         transitions.cancel(message.pk, reason="expired before it could be sent", error_class=ErrorClass.EXPIRED)
         _kick_chat(message)
         return SendResult("expired")
-    if message.circuit_open:
-        # The bot's circuit is open (auth failure or operator pause): keep the queue.
+    if message.circuit_not_closed and not circuits.try_probe(_circuit_scope(message.bot_id)):
+        # The bot's circuit is open (auth failure or operator pause), or another worker is
+        # sending the one half-open probe: keep the queue; the sweeper releases it later.
         return SendResult("circuit-open")
     if message.ordered and selectors.earlier_open_message_exists(message):
         # An earlier message to this chat goes first; it kicks this one when it is done.
@@ -243,8 +244,6 @@ def outbound_message_send(message_id: int) -> SendResult:
 
 
 def _record_outcome(message: OutboundMessage, *, worker: str, attempt: Any, outcome: telegram.CallOutcome) -> SendResult:
-    from outbox import circuits
-
     if outcome.ok:
         transitions.mark_sent(message, worker=worker, attempt=attempt, outcome=outcome)
         circuits.record_success(_circuit_scope(message.bot_id))

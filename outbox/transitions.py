@@ -270,3 +270,25 @@ def reset_for_resend(message_id: int, *, from_states: list[str]) -> bool:
         updated_at=now,
     )
     return n == 1
+
+
+def mark_delivered_by_decision(message_id: int, *, telegram_message_id: int | None = None) -> bool:
+    """unknown -> sent: an operator established that Telegram got it (reconciliation)."""
+    now = timezone.now()
+    n = OutboundMessage.objects.filter(pk=message_id, state=State.UNKNOWN).update(
+        state=State.SENT,
+        sent_at=now,
+        telegram_message_id=telegram_message_id,
+        lease_owner="",
+        lease_expires_at=None,
+        updated_at=now,
+    )
+    return n == 1
+
+
+def cancel_unknown(message_id: int, *, reason: str) -> bool:
+    """unknown -> cancelled: an operator decided not to resend (it may or may not have arrived)."""
+    n = OutboundMessage.objects.filter(pk=message_id, state=State.UNKNOWN).update(
+        state=State.CANCELLED, cancel_reason=reason[:2000], updated_at=timezone.now()
+    )
+    return n == 1
