@@ -126,6 +126,9 @@ WHITENOISE_USE_FINDERS = DEBUG
 
 # --- Celery: at-least-once delivery, the database is the record ------------------------
 REDIS_URL = env.str("REDIS_URL", default="")
+# Prefix of every Redis key Dovecote writes (broker queues, limiter, flood pauses), so that
+# several deployments - or test runs - can share one Redis.
+DOVECOTE_REDIS_PREFIX = env.str("DOVECOTE_REDIS_PREFIX", default="")
 BROKER_DIR = VAR_DIR / "broker"
 
 if REDIS_URL:
@@ -135,6 +138,8 @@ if REDIS_URL:
         # in the database as next_attempt_at, never as a Redis countdown past this.
         "visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT", default=3600),
     }
+    if DOVECOTE_REDIS_PREFIX:
+        CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] = DOVECOTE_REDIS_PREFIX
 else:
     for sub in ("in", "processed", "control"):
         (BROKER_DIR / sub).mkdir(parents=True, exist_ok=True)
@@ -196,6 +201,10 @@ DOVECOTE_RELEVANCE_CHECK = env.str("DOVECOTE_RELEVANCE_CHECK", default="")
 DOVECOTE_PAYLOAD_RETENTION_DAYS = env.int("DOVECOTE_PAYLOAD_RETENTION_DAYS", default=30)
 DOVECOTE_LEDGER_RETENTION_DAYS = max(1, env.int("DOVECOTE_LEDGER_RETENTION_DAYS", default=7))
 DOVECOTE_SWEEP_INTERVAL_SECONDS = env.int("DOVECOTE_SWEEP_INTERVAL_SECONDS", default=15)
+# on_ambiguous=resend: how long an unknown message waits before the sweeper resends it.
+DOVECOTE_AMBIGUOUS_RESEND_DELAY_SECONDS = env.float("DOVECOTE_AMBIGUOUS_RESEND_DELAY_SECONDS", default=60.0)
+# A row due this long ago and not claimed is taken to have lost its broker message.
+DOVECOTE_REDISPATCH_GRACE_SECONDS = env.float("DOVECOTE_REDISPATCH_GRACE_SECONDS", default=30.0)
 
 # --- REST API ---------------------------------------------------------------------------
 REST_FRAMEWORK = {
