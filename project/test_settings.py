@@ -1,6 +1,8 @@
 """Settings for the test suite: real PostgreSQL and Redis on this machine.
 
-Defaults only: DATABASE_URL / REDIS_URL from the environment still win.
+Defaults only: DATABASE_URL / REDIS_URL from the environment still win. Each test run gets
+its own test database and its own Redis key prefix (inherited by the workers it starts), so
+two runs on one machine - a developer's and CI's - never consume each other's tasks.
 """
 
 import os
@@ -8,10 +10,15 @@ import os
 os.environ.setdefault("DEBUG", "1")
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/dovecote")
 os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/15")
+os.environ.setdefault("DOVECOTE_TEST_RUN_ID", str(os.getpid()))
+os.environ.setdefault("DOVECOTE_REDIS_PREFIX", f"test{os.environ['DOVECOTE_TEST_RUN_ID']}:")
 os.environ.setdefault("DOVECOTE_QUEUE_PREFIX", "test.")
 os.environ.setdefault("DOVECOTE_REPLY_DEBOUNCE_SECONDS", "0")
 os.environ.setdefault("TELEGRAM_API_BASE_URL", "http://127.0.0.1:9")
 
 from project.settings import *  # noqa: F403
+from project.settings import DATABASES
+
+DATABASES["default"].setdefault("TEST", {})["NAME"] = f"test_dovecote_{os.environ['DOVECOTE_TEST_RUN_ID']}"
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

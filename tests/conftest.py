@@ -20,16 +20,23 @@ from tests.support import Process, base_env, start_web, start_worker
 _bot_numbers = itertools.count(1)
 
 
+def _delete_run_keys(client: redis.Redis) -> None:
+    # Only this run's keys: another run (a developer's, CI's) may share the Redis.
+    keys = list(client.scan_iter(f"{settings.DOVECOTE_REDIS_PREFIX}*", count=1000))
+    if keys:
+        client.delete(*keys)
+
+
 @pytest.fixture(autouse=True)
 def _clean_redis() -> Iterator[None]:
-    """Each test starts with an empty broker queue and limiter (Redis db 15)."""
+    """Each test starts with an empty broker queue and limiter (this run's Redis keys)."""
     client = redis.Redis.from_url(settings.REDIS_URL)
-    client.flushdb()
+    _delete_run_keys(client)
     ratelimit._storage.cache_clear()
     ratelimit._limiter.cache_clear()
     ratelimit._local_pauses.clear()
     yield
-    client.flushdb()
+    _delete_run_keys(client)
 
 
 @pytest.fixture(scope="session")
