@@ -1,0 +1,109 @@
+"""Management commands of CONTRACT.md: add_bot, set_webhook, queue_status."""
+
+from __future__ import annotations
+
+import json
+from io import StringIO
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from bots.models import Bot
+
+pytestmark = pytest.mark.django_db
+
+TOKEN = "123456:AAcommand-test-token-abcdefghijklmnop"
+
+
+def run(*args: str) -> str:
+    out = StringIO()
+    call_command(*args, stdout=out)
+    return out.getvalue()
+
+
+def test_add_bot_creates_a_bot_and_prints_its_webhook_path() -> None:
+    output = run("add_bot", "shop", "--token", TOKEN, "--webhook-secret", "Abc_123-x", "--rate-limit", "50")
+
+    assert "/webhooks/telegram/shop/" in output
+    bot = Bot.objects.get(name="shop")
+    assert (bot.token, bot.webhook_secret, bot.rate_limit, bot.responder) == (TOKEN, "Abc_123-x", 50, "echo")
+
+
+def test_add_bot_is_idempotent_and_updates_what_is_given() -> None:
+    run("add_bot", "shop", "--token", TOKEN, "--webhook-secret", "first")
+    run("add_bot", "shop", "--token", TOKEN, "--responder", "none", "--api-base-url", "http://127.0.0.1:8081")
+
+    bot = Bot.objects.get(name="shop")
+    assert Bot.objects.count() == 1
+    assert (bot.webhook_secret, bot.responder, bot.api_base_url) == ("first", "none", "http://127.0.0.1:8081")
+
+
+def test_add_bot_never_prints_the_token() -> None:
+    assert TOKEN not in run("add_bot", "shop", "--token", TOKEN)
+
+
+@pytest.mark.parametrize("secret", ["has space", "bad!char", "é", "x" * 257])
+def test_add_bot_refuses_a_secret_telegram_would_refuse(secret: str) -> None:
+    with pytest.raises(CommandError, match="webhook secret"):
+        run("add_bot", "shop", "--token", TOKEN, "--webhook-secret", secret)
+    assert not Bot.objects.exists()
+
+
+@pytest.mark.parametrize("name", ["has space", "slash/name", ""])
+def test_add_bot_refuses_a_name_that_cannot_be_a_url_part(name: str) -> None:
+    with pytest.raises(CommandError):
+        run("add_bot", name, "--token", TOKEN)
+    assert not Bot.objects.exists()
+
+
+@pytest.mark.parametrize("rate", ["0", "1001"])
+def test_add_bot_refuses_a_rate_limit_out_of_range(rate: str) -> None:
+    with pytest.raises(CommandError, match="rate-limit"):
+        run("add_bot", "shop", "--token", TOKEN, "--rate-limit", rate)
+
+
+def test_set_webhook_refuses_an_unknown_bot() -> None:
+    with pytest.raises(CommandError, match="no bot named"):
+        run("set_webhook", "nobody", "--url", "https://bot.example.com")
+
+
+def test_set_webhook_registers_url_and_secret_with_the_bot_api(sandbox, bot_factory) -> None:
+    bot = bot_factory(webhook_secret="alices-secret")
+
+    run("set_webhook", bot.name, "--url", "https://bot.example.com/", "--drop-pending")
+
+    (call,) = sandbox.calls(token=bot.token, method="setWebhook")
+    assert call["params"]["url"] == f"https://bot.example.com/webhooks/telegram/{bot.name}/"
+    assert call["params"]["secret_token"] == "alices-secret"
+    assert call["params"]["drop_pending_updates"] in (True, "true", "True")
+    assert "message" in call["params"]["allowed_updates"]
+
+
+def test_set_webhook_reports_a_bot_api_refusal(sandbox, bot_factory) -> None:
+    bot = bot_factory()
+    sandbox.fault("401", token=bot.token)
+    with pytest.raises(CommandError, match="setWebhook failed"):
+        run("set_webhook", bot.name, "--url", "https://bot.example.com")
+
+
+def test_queue_status_json_counts_by_state(bot) -> None:
+    from outbox.services import outbound_message_enqueue
+
+    outbound_message_enqueue(bot_id=bot.pk, chat_id=1, payload={"text": "a"}, idempotency_key="k1")
+    outbound_message_enqueue(bot_id=bot.pk, chat_id=2, payload={"text": "b"}, idempotency_key="k2")
+
+    status = json.loads(run("queue_status", "--json"))
+
+    assert status["outbox"]["pending"] == 2
+    assert status["outbox"]["sent"] == 0
+    assert status["inbox"]["new"] == 0
+    assert status["dead_letters"]["open"] == 0
+    assert status["open_reconciliation_cases"] == 0
+    assert status["oldest_waiting_seconds"] is not None
+
+
+def test_queue_status_prints_a_table(bot) -> None:
+    output = run("queue_status")
+    assert "outbox" in output
+    assert "pending=0" in output
+    assert "open cases" in output

@@ -1,0 +1,42 @@
+"""Operations endpoints: /healthz, /readyz, /metrics."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+
+pytestmark = pytest.mark.django_db
+
+
+def test_healthz_says_the_process_is_alive(client: Client) -> None:
+    response = client.get("/healthz")
+    assert response.status_code == 200
+    assert response.json() == {"ok": True}
+
+
+def test_readyz_checks_database_and_broker(client: Client) -> None:
+    response = client.get("/readyz")
+    assert response.status_code == 200
+    assert response.json()["checks"] == {"database": "ok", "broker": "ok"}
+
+
+def test_readyz_is_503_when_the_broker_is_unreachable(client: Client, settings) -> None:
+    settings.REDIS_URL = "redis://127.0.0.1:9/0"
+    response = client.get("/readyz")
+    assert response.status_code == 503
+    assert response.json()["checks"]["broker"].startswith("unavailable")
+
+
+def test_metrics_exports_backlog_in_prometheus_text_format(client: Client, bot) -> None:
+    from outbox.services import outbound_message_enqueue
+
+    outbound_message_enqueue(bot_id=bot.pk, chat_id=7, payload={"text": "hi"}, idempotency_key="m1")
+
+    response = client.get("/metrics")
+
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/plain")
+    body = response.content.decode()
+    assert 'dovecote_outbox_items{state="pending"} 1' in body
+    assert "dovecote_dead_letters_open 0" in body
+    assert "dovecote_reconciliation_cases_open 0" in body
