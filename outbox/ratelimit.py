@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 from functools import cache
 
 from django.conf import settings
@@ -17,11 +18,13 @@ from limits import RateLimitItemPerSecond, parse
 from limits.storage import MemoryStorage, Storage, storage_from_string
 from limits.strategies import MovingWindowRateLimiter
 
+from outbox import policy
+
 
 @cache
 def _storage() -> Storage:
     if settings.REDIS_URL:
-        return storage_from_string(settings.REDIS_URL, key_prefix="dovecote-limits")
+        return storage_from_string(settings.REDIS_URL, key_prefix=f"{settings.DOVECOTE_REDIS_PREFIX}dovecote-limits")
     return MemoryStorage()
 
 
@@ -42,7 +45,7 @@ _local_lock = threading.Lock()
 
 
 def _pause_key(bot_id: int) -> str:
-    return f"dovecote:flood:{bot_id}"
+    return f"{settings.DOVECOTE_REDIS_PREFIX}dovecote:flood:{bot_id}"
 
 
 def pause_bot(bot_id: int, seconds: float) -> None:
@@ -74,29 +77,112 @@ def chat_limit_for(chat_id: int) -> str:
     return settings.DOVECOTE_GROUP_CHAT_RATE if chat_id < 0 else settings.DOVECOTE_PRIVATE_CHAT_RATE
 
 
-def acquire(*, bot_id: int, bot_rate: int, chat_id: int | None) -> float:
-    """Take a send slot for this bot and chat. Returns 0.0 when taken, else seconds to wait.
+# Slots are handed out a little below the configured rate: the request reaches Telegram a
+# few milliseconds after the slot is taken, and that jitter must not add up to one message
+# too many in Telegram's own window.
+PACING = 0.95
+# A reserved slot this close is taken at once rather than rescheduled.
+SLOT_TOLERANCE_SECONDS = 0.003
+
+# Schedules waiters one slot apart (the "virtual scheduling" form of GCRA) so that a queue
+# of N deferred sends wakes up spread over N / rate seconds instead of all at once at the
+# next window boundary. It only decides *when* to come back; the moving window from
+# `limits` below remains the authority on whether a request may go out.
+_RESERVE_LUA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local paused = redis.call('GET', KEYS[1])
+if paused then
+  local left = tonumber(paused) - now
+  if left > 0 then return {'paused', tostring(left)} end
+end
+local nxt = tonumber(redis.call('GET', KEYS[2]) or '0')
+if nxt < now then nxt = now end
+local delay = nxt - now
+if delay > tonumber(ARGV[2]) then return {'full', tostring(delay)} end
+local interval = tonumber(ARGV[1])
+redis.call('SET', KEYS[2], tostring(nxt + interval), 'PX', math.ceil((delay + interval) * 1000) + 1000)
+return {'reserved', tostring(delay)}
+"""
+
+_local_slots: dict[int, float] = {}
+
+
+@cache
+def _reserve_script():  # noqa: ANN202 - redis Script
+    return _redis().register_script(_RESERVE_LUA)
+
+
+def _slot_key(bot_id: int) -> str:
+    return f"{settings.DOVECOTE_REDIS_PREFIX}dovecote:slot:{bot_id}"
+
+
+def reserve_slot(bot_id: int, rate: float, *, horizon: float) -> tuple[str, float]:
+    """Reserve this bot's next send slot. Returns (kind, seconds): ("reserved", d) - come
+    back in d seconds and send; ("paused", d) - a 429 pause; ("full", d) - nothing reserved,
+    the queue already reaches d seconds ahead (beyond `horizon`)."""
+    interval = 1.0 / max(rate * PACING, 0.001)
+    if settings.REDIS_URL:
+        kind, seconds = _reserve_script()(keys=[_pause_key(bot_id), _slot_key(bot_id)], args=[interval, horizon])
+        return kind.decode() if isinstance(kind, bytes) else kind, float(seconds)
+    now = time.time()
+    with _local_lock:
+        paused = _local_pauses.get(bot_id, 0.0) - now
+        if paused > 0:
+            return "paused", paused
+        nxt = max(now, _local_slots.get(bot_id, 0.0))
+        if nxt - now > horizon:
+            return "full", nxt - now
+        _local_slots[bot_id] = nxt + interval
+        return "reserved", nxt - now
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Seconds to wait before trying again (0: go now), and whether a slot is held for then."""
+
+    seconds: float = 0.0
+    slot_reserved: bool = False
+    beyond_horizon: bool = False
+
+
+GO = Wait()
+
+
+def acquire(*, bot_id: int, bot_rate: int, chat_id: int | None, slot_reserved: bool = False) -> Wait:
+    """Take a send slot for this bot and chat, or say how long to wait.
 
     Waiting is not an attempt: the caller reschedules the send and frees its worker slot.
+    A Telegram 429 pause is honoured even with the limiter switched off.
     """
     if not settings.DOVECOTE_RATE_LIMITS_ENABLED:
-        return 0.0
-    paused = bot_paused_for(bot_id)
-    if paused > 0:
-        return paused
+        paused = bot_paused_for(bot_id)
+        return Wait(paused) if paused > 0 else GO
     limiter = _limiter()
+    chat_item = parse(chat_limit_for(chat_id)) if chat_id is not None else None
+    chat_key = f"chat:{bot_id}:{chat_id}"
+    # Test the chat first, so that a busy chat does not use up a slot of the whole bot.
+    if chat_item is not None and not limiter.test(chat_item, chat_key):
+        return Wait(_wait(limiter, chat_item, chat_key))
+    if slot_reserved:
+        paused = bot_paused_for(bot_id)
+        if paused > 0:
+            return Wait(paused)
+    else:
+        kind, seconds = reserve_slot(bot_id, bot_rate, horizon=policy.MAX_BROKER_COUNTDOWN_SECONDS)
+        if kind == "paused":
+            return Wait(seconds)
+        if kind == "full":
+            return Wait(seconds, beyond_horizon=True)
+        if seconds > SLOT_TOLERANCE_SECONDS:
+            return Wait(seconds, slot_reserved=True)
     bot_item = RateLimitItemPerSecond(max(1, bot_rate))
     bot_key = f"bot:{bot_id}"
-    if not limiter.test(bot_item, bot_key):
-        return _wait(limiter, bot_item, bot_key)
-    if chat_id is not None:
-        chat_item = parse(chat_limit_for(chat_id))
-        chat_key = f"chat:{bot_id}:{chat_id}"
-        if not limiter.hit(chat_item, chat_key):
-            return _wait(limiter, chat_item, chat_key)
     if not limiter.hit(bot_item, bot_key):
-        return _wait(limiter, bot_item, bot_key)
-    return 0.0
+        return Wait(_wait(limiter, bot_item, bot_key))
+    if chat_item is not None and not limiter.hit(chat_item, chat_key):
+        return Wait(_wait(limiter, chat_item, chat_key))
+    return GO
 
 
 def _wait(limiter: MovingWindowRateLimiter, item: object, key: str) -> float:
@@ -109,6 +195,8 @@ def reset() -> None:
     _storage().reset()
     with _local_lock:
         _local_pauses.clear()
+        _local_slots.clear()
     if settings.REDIS_URL:
-        for key in _redis().scan_iter("dovecote:flood:*"):
-            _redis().delete(key)
+        for pattern in (f"{settings.DOVECOTE_REDIS_PREFIX}dovecote:flood:*", f"{settings.DOVECOTE_REDIS_PREFIX}dovecote:slot:*"):
+            for key in _redis().scan_iter(pattern):
+                _redis().delete(key)

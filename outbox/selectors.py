@@ -27,14 +27,17 @@ def outbound_messages_stuck(*, limit: int = 500) -> QuerySet[OutboundMessage]:
 def earlier_open_message_exists(message: OutboundMessage) -> bool:
     """True when an earlier ordered message to the same chat still waits, retries or sends.
 
-    Pending messages scheduled for later (send_at in the future) do not hold the chat up.
+    Pending messages scheduled for later by their sender (send_at in the future) do not
+    hold the chat up; one only deferred by a rate limit does. Unknown, failed and
+    cancelled ones do not block: the next message proceeds.
     """
     now = timezone.now()
     earlier = OutboundMessage.objects.filter(
         bot_id=message.bot_id, chat_id=message.chat_id, id__lt=message.pk, ordered=True
     )
     return earlier.filter(
-        Q(state__in=[State.RETRY, State.SENDING]) | Q(state=State.PENDING, next_attempt_at__lte=now)
+        Q(state__in=[State.RETRY, State.SENDING])
+        | (Q(state=State.PENDING) & (Q(send_at__isnull=True) | Q(send_at__lte=now)))
     ).exists()
 
 

@@ -141,15 +141,16 @@ def outbound_message_enqueue(
     return message, created
 
 
-def dispatch(message_id: int, *, countdown: float = 0.0) -> bool:
+def dispatch(message_id: int, *, countdown: float = 0.0, slot_reserved: bool = False) -> bool:
     """Hand a message to a worker. Failure to publish is logged, never raised: the row is
     committed and the sweeper dispatches whatever is overdue."""
     if countdown > policy.MAX_BROKER_COUNTDOWN_SECONDS:
         return False  # the sweeper picks it up when due
     from outbox.tasks import send_outbound_message
 
+    kwargs = {"slot_reserved": True} if slot_reserved else {}
     try:
-        send_outbound_message.apply_async((message_id,), countdown=countdown or None, retry=False)
+        send_outbound_message.apply_async((message_id,), kwargs, countdown=countdown or None, retry=False)
     except Exception:  # noqa: BLE001 - any broker failure; the sweeper recovers
         logger.warning("could not publish message %s; the sweeper will dispatch it", message_id, exc_info=True)
         return False
@@ -162,6 +163,7 @@ class SendResult:
 
     status: str
     countdown: float | None = None
+    slot_reserved: bool = False
 
 
 def _relevance_veto(message: OutboundMessage) -> str:
@@ -176,8 +178,16 @@ def _circuit_scope(bot_id: int) -> str:
     return f"bot:{bot_id}"
 
 
-def outbound_message_send(message_id: int) -> SendResult:
-    """Send one outbound message, at most once per claim. Safe to call any number of times."""
+# A deferral longer than this is also written to the row (next_attempt_at), so the sweeper
+# does not take the message for lost and dispatch it a second time meanwhile.
+DEFER_IN_ROW_AFTER_SECONDS = 5.0
+
+
+def outbound_message_send(message_id: int, *, slot_reserved: bool = False) -> SendResult:
+    """Send one outbound message, at most once per claim. Safe to call any number of times.
+
+    `slot_reserved`: this call comes back at a rate-limit slot reserved for it earlier.
+    """
     worker = worker_id()
     now = timezone.now()
     message = (
@@ -198,8 +208,10 @@ def outbound_message_send(message_id: int) -> SendResult:
     if message.next_attempt_at > now:
         return SendResult("not-due", (message.next_attempt_at - now).total_seconds())
     if message.expires_at and message.expires_at <= now:
-        transitions.cancel(message.pk, reason="expired before it could be sent", error_class=ErrorClass.EXPIRED)
-        _kick_chat(message)
+        if transitions.cancel(
+            message.pk, reason="expired: not sent before expires_at", error_class=ErrorClass.EXPIRED
+        ):
+            _kick_chat(message)
         return SendResult("expired")
     if message.circuit_not_closed and not circuits.try_probe(_circuit_scope(message.bot_id)):
         # The bot's circuit is open (auth failure or operator pause), or another worker is
@@ -208,11 +220,19 @@ def outbound_message_send(message_id: int) -> SendResult:
     if message.ordered and selectors.earlier_open_message_exists(message):
         # An earlier message to this chat goes first; it kicks this one when it is done.
         return SendResult("waiting-for-earlier")
-    if message.method in CREATES_MESSAGE:
-        wait = ratelimit.acquire(bot_id=message.bot_id, bot_rate=message.bot.rate_limit, chat_id=message.chat_id)
-        if wait > 0:
-            # Waiting for a slot is not an attempt and does not hold a worker.
-            return SendResult("rate-limited", wait)
+    wait = ratelimit.acquire(
+        bot_id=message.bot_id,
+        bot_rate=message.bot.rate_limit,
+        chat_id=message.chat_id if message.method in CREATES_MESSAGE else None,
+        slot_reserved=slot_reserved,
+    )
+    if wait.seconds > 0:
+        # Waiting for a slot is not an attempt and does not hold a worker.
+        if wait.beyond_horizon or wait.seconds > DEFER_IN_ROW_AFTER_SECONDS:
+            transitions.defer(message.pk, until=now + timedelta(seconds=wait.seconds))
+        if wait.beyond_horizon:
+            return SendResult("rate-limited")  # the sweeper dispatches it when due
+        return SendResult("rate-limited", wait.seconds, slot_reserved=wait.slot_reserved)
 
     lease = timedelta(seconds=settings.DOVECOTE_SEND_LEASE_SECONDS)
     if not transitions.claim(message.pk, worker=worker, lease=lease):
@@ -223,7 +243,7 @@ def outbound_message_send(message_id: int) -> SendResult:
 
     veto = _relevance_veto(message)
     if veto:
-        transitions.cancel_claimed(message, worker=worker, reason=f"not relevant: {veto}")
+        transitions.cancel_claimed(message, worker=worker, reason=f"not relevant: {veto}", error_class="vetoed")
         _kick_chat(message)
         return SendResult("vetoed")
 
@@ -255,11 +275,14 @@ def _record_outcome(message: OutboundMessage, *, worker: str, attempt: Any, outc
         "send of message %s failed: %s (%s)", message.pk, cls, outcome.description, extra={"error_class": cls}
     )
     if cls == ErrorClass.RATE_LIMITED:
+        # Telegram's retry_after is a floor, never shortened; flood control is per bot.
         wait = max(outcome.retry_after or 1.0, 0.0)
         ratelimit.pause_bot(message.bot_id, wait)
         free = message.rate_limited_count < policy.FREE_RATE_LIMITED_ATTEMPTS
         if not free and message.attempts >= message.max_attempts:
-            transitions.dead_letter(message, worker=worker, attempt=attempt, outcome=outcome, reason_class=ErrorClass.EXHAUSTED)
+            transitions.dead_letter(
+                message, worker=worker, attempt=attempt, outcome=outcome, reason_class=ErrorClass.EXHAUSTED
+            )
             _kick_chat(message)
             return SendResult("dead-lettered")
         transitions.schedule_retry(message, worker=worker, attempt=attempt, outcome=outcome, delay=wait, free=free)
@@ -268,9 +291,14 @@ def _record_outcome(message: OutboundMessage, *, worker: str, attempt: Any, outc
         already_migrated = message.attempt_set.filter(outcome=ErrorClass.MIGRATED).exclude(pk=attempt.pk).exists()
         if already_migrated:
             transitions.dead_letter(message, worker=worker, attempt=attempt, outcome=outcome)
+            _kick_chat(message)
             return SendResult("dead-lettered")
         transitions.schedule_retry(
             message, worker=worker, attempt=attempt, outcome=outcome, delay=0, free=True, chat_id=outcome.migrate_to_chat_id
+        )
+        # The rest of this chat's queue follows it to the supergroup.
+        transitions.migrate_chat(
+            bot_id=message.bot_id, old_chat_id=message.chat_id, new_chat_id=outcome.migrate_to_chat_id
         )
         return SendResult("retry", 0)
     if cls == ErrorClass.AUTH:
@@ -281,12 +309,15 @@ def _record_outcome(message: OutboundMessage, *, worker: str, attempt: Any, outc
         transitions.mark_unknown(message, worker=worker, attempt=attempt, outcome=outcome)
         _kick_chat(message)
         if message.on_ambiguous == OnAmbiguous.RESEND:
+            # Reconciliation resends it (with the same key) and records the decision.
             return SendResult("unknown-resend")
         return SendResult("unknown")
     if cls == ErrorClass.TRANSIENT:
         circuits.record_failure(_circuit_scope(message.bot_id), reason=outcome.description)
         if message.attempts >= message.max_attempts:
-            transitions.dead_letter(message, worker=worker, attempt=attempt, outcome=outcome, reason_class=ErrorClass.EXHAUSTED)
+            transitions.dead_letter(
+                message, worker=worker, attempt=attempt, outcome=outcome, reason_class=ErrorClass.EXHAUSTED
+            )
             _kick_chat(message)
             return SendResult("dead-lettered")
         delay = policy.backoff_seconds(message.attempts)

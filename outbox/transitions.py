@@ -128,6 +128,22 @@ def release(message: OutboundMessage, *, worker: str, next_attempt_at: datetime)
     return n == 1
 
 
+def defer(message_id: int, *, until: datetime) -> bool:
+    """pending|retry stays waiting, due later (a rate-limit wait beyond a short countdown):
+    the row, not the broker, holds long waits, so the sweeper does not redispatch early."""
+    n = OutboundMessage.objects.filter(pk=message_id, state__in=WAITING, next_attempt_at__lt=until).update(
+        next_attempt_at=until, updated_at=timezone.now()
+    )
+    return n == 1
+
+
+def migrate_chat(*, bot_id: int, old_chat_id: int, new_chat_id: int) -> int:
+    """The group became a supergroup: waiting messages to the old chat follow it."""
+    return OutboundMessage.objects.filter(bot_id=bot_id, chat_id=old_chat_id, state__in=WAITING).update(
+        chat_id=new_chat_id, updated_at=timezone.now()
+    )
+
+
 def dead_letter(
     message: OutboundMessage,
     *,

@@ -1,0 +1,42 @@
+"""Driving the send service in-process, as one worker would, against the sandbox over HTTP."""
+
+from __future__ import annotations
+
+import time
+from itertools import count
+from typing import Any
+
+from django.utils import timezone
+
+from outbox import services
+from outbox.models import OutboundMessage, State
+
+_keys = count(1)
+
+STOP = {"circuit-open", "circuit-opened", "waiting-for-earlier", "not-waiting"}
+
+
+def enqueue(bot: Any, *, chat_id: int = 42, text: str = "hello", key: str | None = None, **kw: Any) -> OutboundMessage:
+    message, _ = services.outbound_message_enqueue(
+        bot_id=bot.pk, chat_id=chat_id, payload={"text": text}, idempotency_key=key or f"k{next(_keys)}", **kw
+    )
+    return message
+
+
+def drive(message_id: int, *, timeout: float = 15.0) -> tuple[services.SendResult, OutboundMessage]:
+    """Call the send service until the message leaves the queue or cannot move now,
+    sleeping exactly the countdowns the service asks for (as the Celery task would)."""
+    deadline = time.monotonic() + timeout
+    reserved = False
+    while True:
+        result = services.outbound_message_send(message_id, slot_reserved=reserved)
+        message = OutboundMessage.objects.get(pk=message_id)
+        if message.state not in (State.PENDING, State.RETRY) or result.status in STOP:
+            return result, message
+        if time.monotonic() > deadline:
+            raise AssertionError(f"message {message_id} still {message.state} after {timeout}s: {result}")
+        wait = result.countdown
+        if wait is None:
+            wait = max(0.0, (message.next_attempt_at - timezone.now()).total_seconds())
+        time.sleep(max(0.0, wait))
+        reserved = result.slot_reserved
