@@ -8,7 +8,7 @@ from django.db.models import Count, Min
 from django.utils import timezone
 
 from bots.models import ConsumerRun, InboundUpdate, RunState, UpdateState
-from outbox.models import Attempt, DeadLetter, DeadLetterStatus, OutboundMessage, State
+from outbox.models import Attempt, Circuit, CircuitState, DeadLetter, DeadLetterStatus, OutboundMessage, State
 from reconciliation.models import CaseStatus, ReconciliationCase
 
 
@@ -52,6 +52,12 @@ def queue_status() -> dict[str, Any]:
             "outbox": _age(oldest_message),
         },
         "open_reconciliation_cases": ReconciliationCase.objects.filter(status=CaseStatus.OPEN).count(),
+        # Destinations whose circuit is not closed (a bot's Bot API access, a consumer's
+        # endpoint): attempts stopped, queue kept. One entry per outage, not per message.
+        "circuits_open": {
+            row["scope"]: row["state"]
+            for row in Circuit.objects.exclude(state=CircuitState.CLOSED).values("scope", "state").order_by("scope")
+        },
         "sends_by_outcome": {
             row["outcome"] or "open": row["n"]
             for row in Attempt.objects.values("outcome").annotate(n=Count("id")).order_by()

@@ -85,4 +85,9 @@ def metrics(request: HttpRequest) -> HttpResponse:
     gauge(
         "dovecote_reconciliation_cases_open", "open reconciliation cases", [({}, status["open_reconciliation_cases"])]
     )
+    gauge(
+        "dovecote_circuit_open",
+        "1 while a destination's circuit is open or half-open (attempts stopped, queue kept)",
+        [({"scope": scope, "state": state}, 1) for scope, state in status["circuits_open"].items()],
+    )
     return HttpResponse("\n".join(lines) + "\n", content_type="text/plain; version=0.0.4; charset=utf-8")
