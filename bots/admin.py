@@ -14,7 +14,7 @@ class BotForm(forms.ModelForm):
 
     class Meta:
         model = Bot
-        fields = "__all__"
+        exclude: list[str] = []
 
     def clean_token(self) -> str:
         token = self.cleaned_data.get("token") or ""
@@ -43,7 +43,7 @@ class InboundUpdateAdmin(admin.ModelAdmin):
     readonly_fields = [f.name for f in InboundUpdate._meta.fields]
     date_hierarchy = "received_at"
 
-    def has_add_permission(self, request) -> bool:  # noqa: ANN001
+    def has_add_permission(self, request) -> bool:
         return False
 
 
@@ -56,5 +56,5 @@ class ConsumerRunAdmin(admin.ModelAdmin):
     raw_id_fields = ["update"]
     readonly_fields = [f.name for f in ConsumerRun._meta.fields]
 
-    def has_add_permission(self, request) -> bool:  # noqa: ANN001
+    def has_add_permission(self, request) -> bool:
         return False

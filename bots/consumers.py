@@ -1,17 +1,127 @@
-"""Built-in consumers. A developer's own go in any app's consumers.py the same way."""
+"""Built-in consumers. A developer's own go in any app's consumers.py the same way.
+
+- auto_reply: answers with the bot's responder (echo, openai), coalescing bursts.
+- crm_webhook: POSTs each message to DOVECOTE_CRM_WEBHOOK_URL with an Idempotency-Key;
+  active only when that setting is set.
+- analytics: one AnalyticsEvent row per update.
+"""
 
 from __future__ import annotations
 
-from bots.registry import ConsumerContext, PermanentError, consumer
-from bots.responders import get_responder
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+from django.conf import settings
+from django.utils.module_loading import import_string
+
+from bots import replies
+from bots.models import AnalyticsEvent
+from bots.registry import AuthError, ConsumerContext, PermanentError, TransientError, consumer
 
 
 @consumer("auto_reply", update_types=["message"], max_attempts=5)
-def auto_reply(ctx: ConsumerContext) -> None:
-    """Answer a chat's message with the bot's responder."""
-    if ctx.bot.responder == "none" or not ctx.text:
-        return
-    responder = get_responder(ctx.bot.responder)
-    if responder is None:
-        raise PermanentError(f"unknown responder {ctx.bot.responder!r}")
-    ctx.reply(responder(ctx.bot, [ctx.text]))
+def auto_reply(ctx: ConsumerContext) -> str:
+    """Answer a chat's messages with the bot's responder (see bots/replies.py)."""
+    return replies.auto_reply_run(ctx)
+
+
+def crm_enabled() -> bool:
+    # Read at call time: settings can change per deployment and per test.
+    return bool(settings.DOVECOTE_CRM_WEBHOOK_URL)
+
+
+def crm_idempotency_key(ctx: ConsumerContext) -> str:
+    """Derived from the update, so every retry (and a replay) sends the same key."""
+    return f"dovecote:{ctx.update.bot_id}:{ctx.update.update_id}:crm"
+
+
+def crm_event(ctx: ConsumerContext) -> dict[str, Any]:
+    update = ctx.update
+    message = update.payload.get(update.update_type) or {}
+    sender = message.get("from") if isinstance(message, dict) else None
+    return {
+        "event": f"telegram.{update.update_type}",
+        "idempotency_key": crm_idempotency_key(ctx),
+        "bot": ctx.bot.name,
+        "update_id": update.update_id,
+        "chat_id": update.chat_id,
+        "chat_type": update.chat_type,
+        "user_id": update.user_id,
+        "message_id": update.message_id,
+        "text": update.text,
+        "contact": {
+            key: sender.get(key) for key in ("first_name", "last_name", "username", "language_code") if key in sender
+        }
+        if isinstance(sender, dict)
+        else {},
+        "received_at": update.received_at.isoformat(),
+        "trace_id": ctx.trace_id,
+    }
+
+
+@consumer("crm_webhook", update_types=["message"], max_attempts=8, enabled=crm_enabled)
+def crm_webhook(ctx: ConsumerContext) -> str:
+    """Send the message to the CRM as a lead/event. Before any retry, ask the lookup hook
+    (DOVECOTE_CRM_LOOKUP) whether the CRM already has it: an earlier attempt may have
+    created the lead and lost the answer."""
+    url = settings.DOVECOTE_CRM_WEBHOOK_URL
+    if not url:
+        return "crm-disabled"
+    key = crm_idempotency_key(ctx)
+    if ctx.attempt > 1 and settings.DOVECOTE_CRM_LOOKUP:
+        lookup = import_string(settings.DOVECOTE_CRM_LOOKUP)
+        try:
+            found = lookup(key, ctx)
+        except httpx.HTTPError as exc:
+            raise TransientError(f"CRM lookup failed: {type(exc).__name__}: {exc}") from exc
+        if found:
+            return "found-in-crm"
+    try:
+        response = httpx.post(
+            url,
+            json=crm_event(ctx),
+            headers={"Idempotency-Key": key, "X-Trace-Id": ctx.trace_id},
+            timeout=settings.DOVECOTE_CRM_TIMEOUT,
+        )
+    except httpx.TransportError as exc:
+        raise TransientError(f"CRM unreachable: {type(exc).__name__}: {exc}") from exc
+    status = response.status_code
+    if status in (401, 403):
+        raise AuthError(f"CRM refused our credentials ({status})")
+    if status in (408, 409, 425, 429) or status >= 500:
+        # 409: the CRM is still processing this key.
+        raise TransientError(f"CRM answered {status}")
+    if status >= 400:
+        raise PermanentError(f"CRM rejected the event ({status}): {response.text[:500]}")
+    return "sent-to-crm"
+
+
+@consumer("analytics", max_attempts=3)
+def analytics(ctx: ConsumerContext) -> str:
+    """One event row per update: type, chat, and latency from Telegram's message date
+    (whole seconds) to receipt."""
+    update = ctx.update
+    body = update.payload.get(update.update_type)
+    date = body.get("date") if isinstance(body, dict) else None
+    message_date = datetime.fromtimestamp(date, tz=UTC) if isinstance(date, int) and date > 0 else None
+    latency_ms = (
+        max(0, int((update.received_at - message_date).total_seconds() * 1000)) if message_date else None
+    )
+    AnalyticsEvent.objects.bulk_create(
+        [
+            AnalyticsEvent(
+                bot_id=update.bot_id,
+                update=update,
+                update_type=update.update_type,
+                chat_id=update.chat_id,
+                chat_type=update.chat_type,
+                user_id=update.user_id,
+                message_date=message_date,
+                received_at=update.received_at,
+                latency_ms=latency_ms,
+            )
+        ],
+        ignore_conflicts=True,  # a re-run after a crash writes nothing new
+    )
+    return "recorded"

@@ -116,8 +116,12 @@ class InboundUpdate(models.Model):
 
     @property
     def text(self) -> str:
-        message = self.payload.get(self.update_type) or {}
-        return message.get("text") or message.get("caption") or "" if isinstance(message, dict) else ""
+        """The message's text or caption; empty for updates without one."""
+        message = self.payload.get(self.update_type) if self.update_type else None
+        if not isinstance(message, dict):
+            return ""
+        text = message.get("text") or message.get("caption") or ""
+        return text if isinstance(text, str) else ""
 
 
 class RunState(models.TextChoices):
@@ -144,6 +148,11 @@ class ConsumerRun(models.Model):
     last_error = models.TextField(blank=True)
     last_error_class = models.CharField(max_length=16, blank=True)
     cancel_reason = models.TextField(blank=True)
+    outcome = models.CharField(
+        max_length=64,
+        blank=True,
+        help_text="What the consumer reported when it finished, e.g. answered, or coalesced into a later reply.",
+    )
     trace_id = models.CharField(max_length=64, db_index=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -162,3 +171,51 @@ class ConsumerRun(models.Model):
 
     def __str__(self) -> str:
         return f"{self.consumer} on update {self.update_id} [{self.state}]"
+
+
+class ChatState(models.Model):
+    """Per (bot, chat) reply guard: the newest message already answered. Moved forward only
+    by a conditional UPDATE, so two workers can never both answer the same messages."""
+
+    bot = models.ForeignKey(Bot, on_delete=models.CASCADE, related_name="chat_states")
+    chat_id = models.BigIntegerField()
+    last_answered_message_id = models.BigIntegerField(
+        null=True, blank=True, help_text="Messages up to this id have been answered; they never get a second answer."
+    )
+    last_answered_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["bot", "chat_id"], name="chatstate_unique_chat_per_bot"),
+        ]
+
+    def __str__(self) -> str:
+        return f"chat {self.chat_id} of {self.bot_id}: answered up to {self.last_answered_message_id}"
+
+
+class AnalyticsEvent(models.Model):
+    """One row per update, written by the `analytics` consumer (for the dashboard)."""
+
+    bot = models.ForeignKey(Bot, on_delete=models.CASCADE, related_name="analytics_events")
+    update = models.OneToOneField(
+        InboundUpdate, on_delete=models.CASCADE, related_name="analytics_event", help_text="The update it describes."
+    )
+    update_type = models.CharField(max_length=40, blank=True, help_text="message, callback_query, ...")
+    chat_id = models.BigIntegerField(null=True, blank=True)
+    chat_type = models.CharField(max_length=20, blank=True)
+    user_id = models.BigIntegerField(null=True, blank=True)
+    message_date = models.DateTimeField(
+        null=True, blank=True, help_text="When Telegram says the message was sent (whole seconds)."
+    )
+    received_at = models.DateTimeField(help_text="When the webhook (or poller) stored the update.")
+    latency_ms = models.IntegerField(
+        null=True, blank=True, help_text="From Telegram's message date to receipt, in milliseconds."
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["bot", "received_at"], name="analytics_bot_received_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.update_type} in {self.chat_id} ({self.latency_ms} ms)"

@@ -13,14 +13,16 @@ A consumer is a function that processes one stored update. Register it in any ap
 Each update gets one ConsumerRun per matching consumer; runs are retried independently.
 Raise `TransientError` to retry with backoff, `PermanentError` to dead-letter at once,
 `AuthError` to pause this consumer while keeping its runs. Any other exception counts as
-transient (a bug is retried a few times, then dead-lettered).
+transient (a bug is retried a few times, then dead-lettered). Raise `Defer(until)` to run
+again later without spending an attempt (auto-reply waits for a chat's burst this way).
+A string the consumer returns is stored on the run as its outcome.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -55,7 +57,44 @@ class AuthError(ConsumerError):
     error_class = "auth"
 
 
+class Defer(Exception):
+    """Run this consumer again at `until`, without spending an attempt."""
+
+    def __init__(self, until: datetime, reason: str = "") -> None:
+        super().__init__(reason or f"deferred until {until.isoformat()}")
+        self.until = until
+        self.reason = reason
+
+
 DEFAULT_BACKOFF = (1.0, 10.0, 60.0, 300.0)
+
+# Every update type, for setWebhook when a consumer wants all of them: leaving
+# allowed_updates out would keep whatever list was set before.
+ALL_UPDATE_TYPES: tuple[str, ...] = (
+    "message",
+    "edited_message",
+    "channel_post",
+    "edited_channel_post",
+    "business_connection",
+    "business_message",
+    "edited_business_message",
+    "deleted_business_messages",
+    "message_reaction",
+    "message_reaction_count",
+    "inline_query",
+    "chosen_inline_result",
+    "callback_query",
+    "shipping_query",
+    "pre_checkout_query",
+    "purchased_paid_media",
+    "poll",
+    "poll_answer",
+    "my_chat_member",
+    "chat_member",
+    "chat_join_request",
+    "chat_boost",
+    "removed_chat_boost",
+)
 
 
 @dataclass(frozen=True)
@@ -134,11 +173,13 @@ def matching(update: InboundUpdate) -> list[ConsumerSpec]:
 
 
 def wanted_update_types() -> list[str]:
-    """Update types the registered consumers need (for setWebhook's allowed_updates)."""
+    """Update types the enabled consumers need (for setWebhook's allowed_updates)."""
     types: set[str] = set()
     for spec in _registry.values():
+        if not spec.enabled():
+            continue
         if spec.update_types is None:
-            return []  # everything: Telegram's default
+            return list(ALL_UPDATE_TYPES)
         types |= spec.update_types
     return sorted(types)
 

@@ -1,21 +1,128 @@
 """Responders write auto-replies. `echo` is for the demo and tests; `openai` calls any
-OpenAI-compatible chat-completions endpoint."""
+OpenAI-compatible chat-completions endpoint.
+
+A responder gets a `Conversation` - the bot, the chat and the gathered messages to answer
+- and returns the reply text. It raises the consumer error classes: `TransientError`
+(retry later), `PermanentError` (dead letter), `AuthError` (pause auto-reply).
+"""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
 
-from bots.models import Bot
+import httpx
+from django.conf import settings
 
-Responder = Callable[[Bot, Sequence[str]], str]
+from bots.models import Bot, InboundUpdate
+from bots.registry import AuthError, PermanentError, TransientError
+
+logger = logging.getLogger(__name__)
+
+HISTORY_LIMIT = 20
 
 
-def echo(bot: Bot, texts: Sequence[str]) -> str:
+@dataclass
+class Conversation:
+    """What to answer: the gathered texts of one chat, newest last."""
+
+    bot: Bot
+    chat_id: int | None
+    texts: Sequence[str]
+    upto_message_id: int | None = None
+    trace_id: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def history(self, limit: int = HISTORY_LIMIT) -> list[dict[str, str]]:
+        """The chat's recent turns as chat-completions messages, oldest first: the user's
+        messages (stored updates, up to the ones being answered) and our sent replies."""
+        if self.chat_id is None:
+            return [{"role": "user", "content": text} for text in self.texts]
+        from outbox.models import OutboundMessage, State
+
+        updates = InboundUpdate.objects.filter(bot=self.bot, chat_id=self.chat_id, update_type="message")
+        if self.upto_message_id is not None:
+            updates = updates.filter(message_id__lte=self.upto_message_id)
+        turns: list[tuple[datetime, str, str]] = [
+            (update.received_at, "user", update.text)
+            for update in updates.order_by("-received_at")[:limit]
+            if update.text
+        ]
+        sent = (
+            OutboundMessage.objects.filter(
+                bot=self.bot, chat_id=self.chat_id, method="sendMessage", state=State.SENT
+            )
+            .exclude(payload_purged_at__isnull=False)
+            .order_by("-sent_at")
+            .only("payload", "sent_at")[:limit]
+        )
+        turns += [
+            (message.sent_at, "assistant", str(message.payload.get("text", "")))
+            for message in sent
+            if message.sent_at and message.payload.get("text")
+        ]
+        turns.sort(key=lambda turn: turn[0])
+        return [{"role": role, "content": content} for _, role, content in turns[-limit:]]
+
+
+Responder = Callable[[Conversation], str]
+
+
+def echo(conversation: Conversation) -> str:
     """`Echo: ` followed by the gathered texts, one per line (CONTRACT.md)."""
-    return "Echo: " + "\n".join(texts)
+    return "Echo: " + "\n".join(conversation.texts)
 
 
-_RESPONDERS: dict[str, Responder] = {"echo": echo}
+def openai(conversation: Conversation) -> str:
+    """Ask an OpenAI-compatible chat-completions endpoint, with the chat's recent messages
+    as context. Runs in a worker, never in the webhook: a slow model holds nobody up."""
+    bot = conversation.bot
+    base_url = (settings.OPENAI_BASE_URL or "https://api.openai.com/v1").rstrip("/")
+    model = bot.openai_model or settings.DOVECOTE_OPENAI_MODEL
+    if not model:
+        raise PermanentError("no model: set DOVECOTE_OPENAI_MODEL or the bot's openai_model")
+    messages: list[dict[str, str]] = []
+    if bot.system_prompt:
+        messages.append({"role": "system", "content": bot.system_prompt})
+    messages += conversation.history()
+    if not messages or messages[-1]["role"] != "user":
+        # The gathered texts are not stored yet as text updates (e.g. captions only).
+        messages.append({"role": "user", "content": "\n".join(conversation.texts)})
+    headers = {"Content-Type": "application/json"}
+    if settings.OPENAI_API_KEY:
+        headers["Authorization"] = f"Bearer {settings.OPENAI_API_KEY}"
+    if conversation.trace_id:
+        headers["X-Request-Id"] = conversation.trace_id
+    try:
+        response = httpx.post(
+            f"{base_url}/chat/completions",
+            json={"model": model, "messages": messages},
+            headers=headers,
+            timeout=settings.DOVECOTE_OPENAI_TIMEOUT,
+        )
+    except httpx.TransportError as exc:  # timeouts, refused connections, resets
+        raise TransientError(f"model endpoint unreachable: {type(exc).__name__}: {exc}") from exc
+    status = response.status_code
+    if status in (401, 403):
+        raise AuthError(f"model endpoint refused our credentials ({status})")
+    if status == 429 or status >= 500 or status == 408:
+        raise TransientError(f"model endpoint answered {status}")
+    if status >= 400:
+        raise PermanentError(f"model endpoint rejected the request ({status}): {response.text[:500]}")
+    try:
+        content = response.json()["choices"][0]["message"]["content"]
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        raise TransientError(f"model endpoint answered without a message: {response.text[:200]}") from exc
+    if not isinstance(content, str) or not content.strip():
+        raise TransientError("model endpoint answered an empty message")
+    # Telegram's limit; a longer answer would be refused as a bad request.
+    return content.strip()[:4096]
+
+
+_RESPONDERS: dict[str, Responder] = {"echo": echo, "openai": openai}
 
 
 def register(name: str, responder: Responder) -> None:

@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import logging
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from bots import registry, transitions
 from bots.models import Bot, ConsumerRun, InboundUpdate, UpdateState
 from outbox import circuits
 from outbox.logging import current_trace_id
-from outbox.models import DeadLetter
+from outbox.models import Circuit, CircuitState, DeadLetter
 from outbox.services import worker_id
 
 logger = logging.getLogger(__name__)
@@ -134,6 +135,10 @@ def inbox_update_route(update_pk: int) -> list[int]:
         ConsumerRun.objects.bulk_create(runs, ignore_conflicts=True)
         run_ids = list(ConsumerRun.objects.filter(update=update).values_list("pk", flat=True))
         transaction.on_commit(lambda: [dispatch_run(pk) for pk in run_ids])
+    logger.info(
+        "update %s routed to %s", update.update_id, ", ".join(run.consumer for run in runs) or "no consumer",
+        extra={"consumers": [run.consumer for run in runs]},
+    )
     return run_ids
 
 
@@ -154,11 +159,19 @@ def consumer_run_execute(run_pk: int) -> str:
         return "unknown-consumer"
     now = timezone.now()
     if run.next_attempt_at > now:
+        # Delivered early (a broker countdown is not exact): come back when due.
+        dispatch_run(run.pk, countdown=(run.next_attempt_at - now).total_seconds())
         return "not-due"
     if run.update.received_at < now - spec.max_age:
-        transitions.cancel_run(run.pk, reason=f"older than the consumer's max age ({spec.max_age}); not run late")
+        reason = f"older than the consumer's max age ({spec.max_age}); not run late"
+        if transitions.cancel_run(run.pk, reason=reason):
+            logger.info("consumer %s on update %s cancelled: %s", spec.name, run.update.update_id, reason)
         return "too-old"
-    if circuits.is_open(_consumer_scope(spec.name)):
+    circuit = _open_circuit(_consumer_scope(spec.name), now)
+    if circuit is not None:
+        # Paused (auth failure or an operator): keep the run; wake it at the probe time.
+        if circuit.next_probe_at is not None:
+            transitions.postpone_run(run.pk, until=circuit.next_probe_at)
         return "circuit-open"
 
     worker = worker_id()
@@ -168,19 +181,29 @@ def consumer_run_execute(run_pk: int) -> str:
     run.attempts += 1
     ctx = registry.ConsumerContext(update=run.update, consumer=spec.name, trace_id=run.trace_id, attempt=run.attempts)
     try:
-        spec.func(ctx)
+        returned = spec.func(ctx)
+    except registry.Defer as exc:
+        transitions.defer_run(run.pk, worker=worker, until=exc.until, reason=exc.reason)
+        dispatch_run(run.pk, countdown=max(0.0, (exc.until - timezone.now()).total_seconds()))
+        return "deferred"
     except registry.AuthError as exc:
         delay = circuits.open_for_auth(_consumer_scope(spec.name), reason=str(exc))
         transitions.schedule_run_retry(
             run.pk, worker=worker, delay=delay, error=str(exc), error_class="auth", free=True
         )
+        logger.warning("consumer %s paused (auth) on update %s: %s", spec.name, run.update.update_id, exc)
+        dispatch_run(run.pk, countdown=delay)
         return "paused"
     except registry.PermanentError as exc:
         _dead_letter_run(run, worker=worker, error=_describe(exc), error_class="permanent")
+        logger.warning("consumer %s dead-lettered update %s: %s", spec.name, run.update.update_id, _describe(exc))
         return "dead-lettered"
     except Exception as exc:  # noqa: BLE001 - a consumer's failure must not stop the others
         error = _describe(exc)
-        logger.warning("consumer %s failed on update %s: %s", spec.name, run.update.update_id, error)
+        logger.warning(
+            "consumer %s failed on update %s (attempt %s of %s): %s",
+            spec.name, run.update.update_id, run.attempts, run.max_attempts, error,
+        )
         if run.attempts >= run.max_attempts:
             _dead_letter_run(run, worker=worker, error=error, error_class="exhausted")
             return "dead-lettered"
@@ -189,8 +212,19 @@ def consumer_run_execute(run_pk: int) -> str:
         dispatch_run(run.pk, countdown=delay)
         return "retry"
     circuits.record_success(_consumer_scope(spec.name))
-    transitions.mark_run_done(run.pk, worker=worker)
+    outcome = returned if isinstance(returned, str) else "done"
+    transitions.mark_run_done(run.pk, worker=worker, outcome=outcome)
+    logger.info("consumer %s done on update %s: %s", spec.name, run.update.update_id, outcome)
     return "done"
+
+
+def _open_circuit(scope: str, now: datetime) -> Circuit | None:
+    """The scope's circuit when it is open and not yet due for a probe."""
+    return (
+        Circuit.objects.filter(scope=scope, state=CircuitState.OPEN)
+        .filter(Q(next_probe_at__isnull=True) | Q(next_probe_at__gt=now))
+        .first()
+    )
 
 
 def _describe(exc: BaseException) -> str:
@@ -240,3 +274,59 @@ def add_bot(
     bot.full_clean(validate_unique=False)
     bot.save()
     return bot, created
+
+
+class PollingConflict(Exception):
+    """getUpdates refused with 409: a webhook is set (or another poller is running)."""
+
+
+def inbox_poll_fetch(*, bot: Bot, timeout: float = 0, limit: int = 100) -> list[dict[str, Any]]:
+    """One long-polling getUpdates request from the bot's stored offset (which confirms
+    every update below it to Telegram). Raises PollingConflict on 409."""
+    from telegram import error as tg_error
+
+    from outbox import telegram
+
+    params: dict[str, Any] = {"offset": bot.polling_offset, "timeout": int(timeout), "limit": limit}
+    allowed = registry.wanted_update_types()
+    if allowed:
+        params["allowed_updates"] = allowed
+    read_timeout = timeout + settings.DOVECOTE_TELEGRAM_READ_TIMEOUT
+
+    async def _get_updates() -> Any:
+        client = await telegram.get_bot(bot.token, bot.api_base_url)
+        return await client.do_api_request("getUpdates", api_kwargs=params, read_timeout=read_timeout)
+
+    try:
+        batch = telegram.run_sync(_get_updates(), timeout=read_timeout + 10)
+    except tg_error.Conflict as exc:
+        raise PollingConflict(str(exc)) from exc
+    return [p for p in batch or [] if isinstance(p, dict) and _int64(p.get("update_id")) is not None]
+
+
+def inbox_poll_store(*, bot: Bot, batch: list[dict[str, Any]]) -> int:
+    """Store a getUpdates batch through the webhook's path (same dedupe) and move the bot's
+    offset past it, in one transaction: a crash re-fetches at most this batch, and the
+    inbox's unique (bot, update_id) drops it again. Returns how many updates were new."""
+    if not batch:
+        return 0
+    created_count = 0
+    with transaction.atomic():
+        for payload in batch:
+            trace_id = new_trace_id()
+            current_trace_id.set(trace_id)
+            update, created = inbox_update_store(bot=bot, payload=payload, trace_id=trace_id)
+            created_count += created
+            logger.info(
+                "update %s %s (polling)", update.update_id, "stored" if created else "duplicate dropped",
+                extra={"bot": bot.name, "update_type": update.update_type},
+            )
+        next_offset = max(p["update_id"] for p in batch) + 1
+        Bot.objects.filter(pk=bot.pk, polling_offset__lt=next_offset).update(polling_offset=next_offset)
+    current_trace_id.set("")
+    bot.polling_offset = max(bot.polling_offset, next_offset)
+    return created_count
+
+
+def inbox_poll_once(*, bot: Bot, timeout: float = 0) -> int:
+    return inbox_poll_store(bot=bot, batch=inbox_poll_fetch(bot=bot, timeout=timeout))

@@ -2,17 +2,20 @@
 
 Update: new -> done (routed: one run per matching consumer, in the same transaction).
 Run: pending|retry -> running (claim) -> done | retry | failed | cancelled;
+running -> pending (deferred: the consumer asked to run later, no attempt spent);
 running with an expired lease -> retry (sweeper).
+Chat: last answered message id only moves forward (the reply guard).
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
-from django.db.models import F
+from django.db.models import BigIntegerField, F, Q, Value
+from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
-from bots.models import ConsumerRun, InboundUpdate, RunState, UpdateState
+from bots.models import ChatState, ConsumerRun, InboundUpdate, RunState, UpdateState
 
 RUN_WAITING = [RunState.PENDING, RunState.RETRY]
 
@@ -43,10 +46,35 @@ def _owned(run_id: int, worker: str):
     return ConsumerRun.objects.filter(pk=run_id, state=RunState.RUNNING, lease_owner=worker)
 
 
-def mark_run_done(run_id: int, *, worker: str) -> bool:
+def mark_run_done(run_id: int, *, worker: str, outcome: str = "") -> bool:
     now = timezone.now()
     n = _owned(run_id, worker).update(
-        state=RunState.DONE, finished_at=now, updated_at=now, lease_owner="", lease_expires_at=None, last_error=""
+        state=RunState.DONE, finished_at=now, updated_at=now, lease_owner="", lease_expires_at=None, last_error="",
+        outcome=outcome[:64],
+    )
+    return n == 1
+
+
+def defer_run(run_id: int, *, worker: str, until: datetime, reason: str = "") -> bool:
+    """running -> pending until `until`. Waiting is not a failure: the attempt is given back."""
+    now = timezone.now()
+    n = _owned(run_id, worker).update(
+        state=RunState.PENDING,
+        next_attempt_at=until,
+        attempts=Greatest(F("attempts") - 1, 0),
+        updated_at=now,
+        lease_owner="",
+        lease_expires_at=None,
+        outcome=reason[:64],
+    )
+    return n == 1
+
+
+def postpone_run(run_id: int, *, until: datetime) -> bool:
+    """A waiting run whose destination is paused (open circuit): due again at the probe time,
+    so the sweeper does not keep redispatching it meanwhile."""
+    n = ConsumerRun.objects.filter(pk=run_id, state__in=RUN_WAITING, next_attempt_at__lt=until).update(
+        next_attempt_at=until, updated_at=timezone.now()
     )
     return n == 1
 
@@ -129,3 +157,30 @@ def reset_run_for_retry(run_id: int, *, from_states: list[str]) -> bool:
         updated_at=now,
     )
     return n == 1
+
+
+def mark_chat_answered(*, bot_id: int, chat_id: int, upto_message_id: int) -> bool:
+    """Move the chat's reply guard forward to `upto_message_id`. False when messages up to it
+    were already answered (another worker got there first): the caller must not answer."""
+    ChatState.objects.bulk_create([ChatState(bot_id=bot_id, chat_id=chat_id)], ignore_conflicts=True)
+    now = timezone.now()
+    n = (
+        ChatState.objects.filter(bot_id=bot_id, chat_id=chat_id)
+        .filter(Q(last_answered_message_id__isnull=True) | Q(last_answered_message_id__lt=upto_message_id))
+        .update(last_answered_message_id=upto_message_id, last_answered_at=now, updated_at=now)
+    )
+    return n == 1
+
+
+def note_chat_answered(*, bot_id: int, chat_id: int, message_id: int) -> None:
+    """Record an immediate (not coalesced) answer: the guard only ever moves forward, and
+    answers to one message each may finish out of order."""
+    ChatState.objects.bulk_create([ChatState(bot_id=bot_id, chat_id=chat_id)], ignore_conflicts=True)
+    now = timezone.now()
+    # COALESCE first: SQLite's MAX() of a NULL is NULL (PostgreSQL's GREATEST skips it).
+    answered = Value(message_id, output_field=BigIntegerField())
+    ChatState.objects.filter(bot_id=bot_id, chat_id=chat_id).update(
+        last_answered_message_id=Greatest(Coalesce(F("last_answered_message_id"), answered), answered),
+        last_answered_at=now,
+        updated_at=now,
+    )

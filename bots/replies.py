@@ -1,0 +1,157 @@
+"""Auto-reply: burst coalescing and the reply guard.
+
+People write in bursts ("Hi" / "Still available?" / "Delivery?"). With
+DOVECOTE_REPLY_DEBOUNCE_SECONDS > 0 every message's auto_reply run asks one question:
+is mine the newest message of the chat? Runs of earlier messages finish as "coalesced".
+The newest one defers itself (no worker sleeps) until the chat has been quiet for the
+debounce time (plus an optional human-like delay), then gathers every unanswered message
+of the chat and answers once. A newer message arriving meanwhile takes over the burst.
+
+The guard: ChatState.last_answered_message_id only moves forward, by a conditional UPDATE
+in the same transaction that writes the outbox message, whose key is derived from the
+newest message it covers. Two workers cannot both answer; a crash between the two leaves
+neither; a chat never gets a second answer to a message already answered.
+
+With 0 each message is answered at once by its own run (key upd:<update_id>:auto_reply:0).
+"""
+
+from __future__ import annotations
+
+import random
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from bots import transitions
+from bots.models import ChatState, InboundUpdate
+from bots.registry import ConsumerContext, Defer, PermanentError
+from bots.responders import Conversation, Responder, get_responder
+
+# A first answer in a chat gathers at most this far back and this many messages.
+GATHER_WINDOW = timedelta(hours=24)
+GATHER_LIMIT = 50
+
+
+def debounce_seconds() -> float:
+    return max(0.0, float(settings.DOVECOTE_REPLY_DEBOUNCE_SECONDS or 0))
+
+
+def delay_range() -> tuple[float, float] | None:
+    """DOVECOTE_REPLY_DELAY_RANGE as (min, max) seconds, or None: "20,60" or [20, 60]."""
+    value = settings.DOVECOTE_REPLY_DELAY_RANGE
+    if isinstance(value, str):
+        value = [part for part in value.split(",") if part.strip()]
+    if not value:
+        return None
+    bounds = [float(v) for v in value]
+    low, high = (bounds[0], bounds[0]) if len(bounds) == 1 else (bounds[0], bounds[1])
+    return (max(0.0, min(low, high)), max(0.0, low, high))
+
+
+def reply_due_at(update: InboundUpdate) -> datetime:
+    """When the burst ending with this message is answered. The human-like delay is drawn
+    from a generator seeded by the update, so every re-run computes the same moment."""
+    wait = debounce_seconds()
+    bounds = delay_range()
+    if bounds:
+        wait += random.Random(update.pk).uniform(*bounds)  # noqa: S311 - pacing, not crypto
+    return update.received_at + timedelta(seconds=wait)
+
+
+def chat_last_answered(*, bot_id: int, chat_id: int) -> int | None:
+    return (
+        ChatState.objects.filter(bot_id=bot_id, chat_id=chat_id)
+        .values_list("last_answered_message_id", flat=True)
+        .first()
+    )
+
+
+def chat_has_newer_message(update: InboundUpdate) -> bool:
+    return InboundUpdate.objects.filter(
+        bot_id=update.bot_id, chat_id=update.chat_id, update_type="message", message_id__gt=update.message_id
+    ).exists()
+
+
+def chat_unanswered_messages(update: InboundUpdate, *, after: int | None) -> list[InboundUpdate]:
+    """The chat's messages up to this one that no answer covers yet, oldest first."""
+    rows = InboundUpdate.objects.filter(
+        bot_id=update.bot_id,
+        chat_id=update.chat_id,
+        update_type="message",
+        message_id__lte=update.message_id,
+        received_at__gte=update.received_at - GATHER_WINDOW,
+    )
+    if after is not None:
+        rows = rows.filter(message_id__gt=after)
+    return list(reversed(rows.order_by("-message_id")[:GATHER_LIMIT]))
+
+
+def burst_key(chat_id: int, upto_message_id: int) -> str:
+    """One answer per (chat, newest message covered): stable across retries and workers."""
+    return f"chat:{chat_id}:auto_reply:upto:{upto_message_id}"
+
+
+def auto_reply_run(ctx: ConsumerContext) -> str:
+    bot = ctx.bot
+    if bot.responder == "none":
+        return "no-responder"
+    responder = get_responder(bot.responder)
+    if responder is None:
+        raise PermanentError(f"unknown responder {bot.responder!r}")
+    update = ctx.update
+    if update.chat_id is None or update.message_id is None:
+        return "no-chat"
+    if debounce_seconds() <= 0:
+        return _answer_at_once(ctx, responder)
+
+    answered = chat_last_answered(bot_id=update.bot_id, chat_id=update.chat_id)
+    if answered is not None and answered >= update.message_id:
+        return _covered(ctx, answered)
+    if chat_has_newer_message(update):
+        return "coalesced"  # the run of the chat's newest message answers for this one
+    due = reply_due_at(update)
+    if due > timezone.now():
+        raise Defer(due, reason="waiting for the burst to end")
+
+    pending = chat_unanswered_messages(update, after=answered)
+    texts = [m.text for m in pending if m.text]
+    if not texts:
+        return "no-text"
+    # The slow part (a model) runs before the guard is taken and outside any transaction.
+    reply = responder(
+        Conversation(bot=bot, chat_id=update.chat_id, texts=texts, upto_message_id=update.message_id,
+                     trace_id=ctx.trace_id)
+    )
+    with transaction.atomic():
+        if not transitions.mark_chat_answered(
+            bot_id=update.bot_id, chat_id=update.chat_id, upto_message_id=update.message_id
+        ):
+            return "coalesced"  # another worker answered these messages meanwhile
+        ctx.send(chat_id=update.chat_id, payload={"text": reply}, key=burst_key(update.chat_id, update.message_id))
+    return f"answered {len(texts)}"
+
+
+def _answer_at_once(ctx: ConsumerContext, responder: Responder) -> str:
+    update = ctx.update
+    if not ctx.text:
+        return "no-text"
+    reply = responder(
+        Conversation(bot=ctx.bot, chat_id=update.chat_id, texts=[ctx.text], upto_message_id=update.message_id,
+                     trace_id=ctx.trace_id)
+    )
+    with transaction.atomic():
+        ctx.reply(reply)
+        transitions.note_chat_answered(bot_id=update.bot_id, chat_id=update.chat_id, message_id=update.message_id)
+    return "answered 1"
+
+
+def _covered(ctx: ConsumerContext, answered: int) -> str:
+    """This message is answered already: by this very run before a crash, or by a burst."""
+    from outbox.models import OutboundMessage
+
+    mine = OutboundMessage.objects.filter(
+        bot_id=ctx.update.bot_id, idempotency_key=burst_key(ctx.update.chat_id, ctx.update.message_id)
+    ).exists()
+    return "answered" if mine else "coalesced"
