@@ -1,0 +1,195 @@
+"""The sweeper: returns what dead workers held, sends ambiguous sends to a case, cancels
+stale work with a reason, prunes old ledger rows, and is safe to run twice at once."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import psycopg
+import pytest
+from django.db import connection, connections
+from django.test import override_settings
+from django.utils import timezone
+
+from bots.models import ConsumerRun, InboundUpdate, RunState, UpdateState
+from outbox.models import Effect, EffectState, ErrorClass, OutboundMessage, State
+from reconciliation.models import CaseStatus, ReconciliationCase
+from reconciliation.sweeper import SWEEP_LOCK_KEY, sweep
+from tests.reconciliation.factories import message_row, open_attempt, stored_update
+
+NO_GRACE = {"DOVECOTE_REDISPATCH_GRACE_SECONDS": 0}
+
+
+def test_a_claim_whose_worker_died_before_the_request_is_released_and_redispatched(bot) -> None:
+    message = message_row(bot, state=State.SENDING)
+
+    report = sweep()
+
+    message.refresh_from_db()
+    assert report["messages_released"] == 1
+    assert (message.state, message.attempts, message.lease_owner) == (State.PENDING, 0, "")
+    assert message.idempotency_key == "k-1"
+
+
+def test_a_send_whose_worker_died_after_the_request_started_becomes_unknown_with_a_case(bot) -> None:
+    message = message_row(bot, state=State.SENDING)
+    open_attempt(message)
+
+    report = sweep()
+    again = sweep()
+
+    message.refresh_from_db()
+    assert (report["messages_unknown"], again["messages_unknown"]) == (1, 0)
+    assert (message.state, message.attempts, message.last_error_class) == (State.UNKNOWN, 1, ErrorClass.AMBIGUOUS)
+    assert message.attempt_set.get().finished_at is not None
+    assert ReconciliationCase.objects.get(message=message).status == CaseStatus.OPEN
+
+
+def test_a_live_lease_is_left_alone(bot) -> None:
+    message = message_row(bot, state=State.SENDING, lease_expires_at=timezone.now() + timedelta(seconds=30))
+    sweep()
+    message.refresh_from_db()
+    assert message.state == State.SENDING
+
+
+def test_a_due_message_whose_broker_message_was_lost_is_redispatched(bot) -> None:
+    message = message_row(bot, next_attempt_at=timezone.now() - timedelta(seconds=5))
+    with override_settings(DOVECOTE_REDISPATCH_GRACE_SECONDS=30):
+        assert sweep()["messages_redispatched"] == 0  # its task may still be on its way
+    with override_settings(**NO_GRACE):
+        assert sweep()["messages_redispatched"] == 1
+    message.refresh_from_db()
+    assert message.state == State.PENDING
+
+
+def test_a_message_past_its_expiry_is_cancelled_with_a_reason(bot) -> None:
+    message = message_row(bot, state=State.RETRY, expires_at=timezone.now() - timedelta(seconds=1))
+    assert sweep()["messages_expired"] == 1
+    message.refresh_from_db()
+    assert (message.state, message.last_error_class) == (State.CANCELLED, ErrorClass.EXPIRED)
+    assert "expired" in message.cancel_reason
+
+
+def test_a_consumer_run_whose_worker_died_is_retried(bot) -> None:
+    update = stored_update(bot)
+    run = ConsumerRun.objects.create(
+        update=update, bot=bot, consumer="auto_reply", state=RunState.RUNNING, attempts=1,
+        next_attempt_at=timezone.now(), lease_owner="dead:1", lease_expires_at=timezone.now() - timedelta(seconds=1),
+        trace_id=update.trace_id,
+    )
+    assert sweep()["runs_released"] == 1
+    run.refresh_from_db()
+    assert (run.state, run.lease_owner) == (RunState.RETRY, "")
+
+
+def test_a_consumer_run_older_than_its_consumers_max_age_is_cancelled_not_run_late(bot) -> None:
+    update = stored_update(bot)
+    InboundUpdate.objects.filter(pk=update.pk).update(received_at=timezone.now() - timedelta(days=2))
+    run = ConsumerRun.objects.create(
+        update=update, bot=bot, consumer="auto_reply", state=RunState.RETRY, next_attempt_at=timezone.now(),
+        trace_id=update.trace_id,
+    )
+    assert sweep()["runs_cancelled_too_old"] == 1
+    run.refresh_from_db()
+    assert run.state == RunState.CANCELLED
+    assert "max age" in run.cancel_reason
+
+
+def test_an_unrouted_update_is_redispatched(bot) -> None:
+    update = stored_update(bot)
+    assert update.state == UpdateState.NEW
+    with override_settings(**NO_GRACE):
+        assert sweep()["updates_redispatched"] == 1
+
+
+def _age(model, pk: int, field: str, days: float) -> None:
+    model.objects.filter(pk=pk).update(**{field: timezone.now() - timedelta(days=days)})
+
+
+def test_old_ledger_and_dedupe_rows_are_pruned_and_recent_or_open_ones_kept(bot) -> None:
+    old_done = Effect.objects.create(key="eff:old:done", state=EffectState.DONE)
+    old_unknown = Effect.objects.create(key="eff:old:unknown", state=EffectState.UNKNOWN)
+    Effect.objects.create(key="eff:young:done", state=EffectState.DONE)
+    for effect in (old_done, old_unknown):
+        _age(Effect, effect.pk, "created_at", 8)
+    old_update, old_failed_run_update, young_update = stored_update(bot), stored_update(bot), stored_update(bot)
+    for update in (old_update, old_failed_run_update, young_update):
+        InboundUpdate.objects.filter(pk=update.pk).update(state=UpdateState.DONE)
+    ConsumerRun.objects.create(
+        update=old_update, bot=bot, consumer="auto_reply", state=RunState.DONE, next_attempt_at=timezone.now(),
+    )
+    ConsumerRun.objects.create(
+        update=old_failed_run_update, bot=bot, consumer="auto_reply", state=RunState.FAILED,
+        next_attempt_at=timezone.now(),
+    )
+    for update in (old_update, old_failed_run_update):
+        _age(InboundUpdate, update.pk, "received_at", 8)
+
+    with override_settings(DOVECOTE_LEDGER_RETENTION_DAYS=7):
+        report = sweep()
+
+    assert (report["effects_pruned"], report["updates_pruned"]) == (1, 1)
+    assert set(Effect.objects.values_list("key", flat=True)) == {"eff:old:unknown", "eff:young:done"}
+    assert set(InboundUpdate.objects.values_list("pk", flat=True)) == {old_failed_run_update.pk, young_update.pk}
+
+
+def test_dedupe_rows_are_kept_for_telegrams_24_hours_whatever_the_setting(bot) -> None:
+    update = stored_update(bot)
+    InboundUpdate.objects.filter(pk=update.pk).update(state=UpdateState.DONE)
+    _age(InboundUpdate, update.pk, "received_at", 0.9)
+    with override_settings(DOVECOTE_LEDGER_RETENTION_DAYS=0):
+        assert sweep()["updates_pruned"] == 0
+    _age(InboundUpdate, update.pk, "received_at", 1.1)
+    with override_settings(DOVECOTE_LEDGER_RETENTION_DAYS=0):
+        assert sweep()["updates_pruned"] == 1
+
+
+def _other_session() -> psycopg.Connection:
+    db = connection.settings_dict
+    return psycopg.connect(host=db["HOST"], port=db["PORT"], user=db["USER"], dbname=db["NAME"], autocommit=True)
+
+
+def test_a_second_sweeper_steps_aside_while_one_holds_the_lock(bot) -> None:
+    message_row(bot, state=State.SENDING)
+    with _other_session() as other:
+        assert other.execute("SELECT pg_try_advisory_lock(%s)", [SWEEP_LOCK_KEY]).fetchone()[0]
+        assert sweep() == {"skipped": 1}
+        other.execute("SELECT pg_advisory_unlock(%s)", [SWEEP_LOCK_KEY])
+    assert sweep()["messages_released"] == 1
+
+
+def test_a_sweeper_killed_mid_sweep_does_not_orphan_the_lock(bot) -> None:
+    other = _other_session()
+    other.execute("SELECT pg_try_advisory_lock(%s)", [SWEEP_LOCK_KEY])
+    other.close()  # the session ends, as when the process is killed
+    assert "skipped" not in sweep()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_sweepers_at_once_recover_each_row_exactly_once(bot_factory) -> None:
+    bot = bot_factory()
+    messages = [message_row(bot, key=f"k-{i}", state=State.SENDING) for i in range(40)]
+    for message in messages[:20]:
+        open_attempt(message)
+    reports: list[dict] = []
+    start = threading.Barrier(2)
+
+    def run() -> None:
+        try:
+            start.wait()
+            reports.append(sweep())
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert sum(r.get("messages_unknown", 0) for r in reports) == 20
+    assert sum(r.get("messages_released", 0) for r in reports) == 20
+    assert ReconciliationCase.objects.count() == 20
+    assert OutboundMessage.objects.filter(state=State.UNKNOWN).count() == 20
+    assert all(m.attempt_set.count() <= 1 for m in OutboundMessage.objects.all())
