@@ -1,0 +1,239 @@
+"""Idempotency, scheduling, cancellation, order within a chat, relevance, the shared limiter
+and races between workers: services called in-process, the sandbox over HTTP."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from outbox import services, telegram
+from outbox.models import ErrorClass, OutboundMessage, State
+from tests.outbox.helpers import drive, enqueue
+
+
+def veto_stale(message: OutboundMessage) -> str:
+    """A relevance check as a project would write one: the scenario moved on."""
+    return "the order was already paid" if message.payload.get("text", "").startswith("Pay") else ""
+
+
+@pytest.fixture
+def no_limits(settings) -> None:  # noqa: ANN001
+    settings.DOVECOTE_RATE_LIMITS_ENABLED = False
+    settings.DOVECOTE_RETRY_BASE_SECONDS = 0.05
+    settings.DOVECOTE_RETRY_MAX_SECONDS = 0.2
+
+
+# --- idempotency -------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_the_same_key_twice_makes_one_row_and_one_message(bot, sandbox) -> None:  # noqa: ANN001
+    first, created_first = services.outbound_message_enqueue(
+        bot_id=bot.pk, chat_id=7, payload={"text": "pressed"}, idempotency_key="button:42"
+    )
+    again, created_again = services.outbound_message_enqueue(
+        bot_id=bot.pk, chat_id=7, payload={"text": "pressed"}, idempotency_key="button:42"
+    )
+    drive(first.pk)
+    drive(again.pk)
+
+    assert (created_first, created_again) == (True, False)
+    assert first.pk == again.pk
+    assert OutboundMessage.objects.filter(bot=bot).count() == 1
+    assert sandbox.sent_texts(token=bot.token) == ["pressed"]
+
+
+@pytest.mark.django_db
+def test_an_idempotency_key_must_be_1_to_255_characters(bot) -> None:  # noqa: ANN001
+    for key in ["", "x" * 256]:
+        with pytest.raises(services.MessageRejected):
+            enqueue(bot, key=key)
+
+
+# --- send_at, expires_at, cancel ---------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_message_is_not_sent_before_its_send_at(bot, sandbox) -> None:  # noqa: ANN001
+    send_at = timezone.now() + timedelta(seconds=1.2)
+    message = enqueue(bot, send_at=send_at)
+
+    early = services.outbound_message_send(message.pk)
+    assert early.status == "not-due"
+    assert not sandbox.calls(token=bot.token)
+
+    _, message = drive(message.pk)
+    assert message.state == State.SENT
+    assert sandbox.calls(token=bot.token)[0]["at"] >= send_at.timestamp()
+
+
+@pytest.mark.django_db
+def test_an_expired_message_is_cancelled_with_its_reason_and_never_sent(bot, sandbox) -> None:  # noqa: ANN001
+    message = enqueue(bot, expires_at=timezone.now() + timedelta(milliseconds=100))
+    time.sleep(0.15)
+
+    result, message = drive(message.pk)
+
+    assert result.status == "expired"
+    assert (message.state, message.last_error_class) == (State.CANCELLED, ErrorClass.EXPIRED)
+    assert "expires_at" in message.cancel_reason
+    assert not sandbox.calls(token=bot.token)
+
+
+@pytest.mark.django_db
+def test_cancel_works_while_pending_and_is_refused_once_sent(bot, sandbox) -> None:  # noqa: ANN001
+    waiting = enqueue(bot, chat_id=1)
+    sent = enqueue(bot, chat_id=2)
+    drive(sent.pk)
+
+    assert services.outbound_message_cancel(waiting.pk, reason="scenario changed") is True
+    assert services.outbound_message_cancel(sent.pk, reason="too late") is False
+    waiting.refresh_from_db()
+    sent.refresh_from_db()
+    assert (waiting.state, waiting.cancel_reason) == (State.CANCELLED, "scenario changed")
+    assert sent.state == State.SENT
+    assert services.outbound_message_send(waiting.pk).status == "not-waiting"
+    assert sandbox.calls(token=bot.token, chat_id=1) == []
+
+
+@pytest.mark.django_db
+def test_the_relevance_check_vetoes_a_send_and_the_reason_is_kept(bot, sandbox, settings) -> None:  # noqa: ANN001
+    settings.DOVECOTE_RELEVANCE_CHECK = "tests.outbox.test_delivery_rules.veto_stale"
+    reminder = enqueue(bot, chat_id=1, text="Pay your order #7")
+    greeting = enqueue(bot, chat_id=2, text="Hello")
+
+    result, reminder = drive(reminder.pk)
+    _, greeting = drive(greeting.pk)
+
+    assert result.status == "vetoed"
+    assert reminder.state == State.CANCELLED
+    assert reminder.cancel_reason == "not relevant: the order was already paid"
+    assert greeting.state == State.SENT
+    assert sandbox.sent_texts(token=bot.token) == ["Hello"]
+
+
+# --- order within a chat -------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("no_limits")
+def test_a_later_message_never_overtakes_an_earlier_one_that_is_retrying(bot, sandbox) -> None:  # noqa: ANN001
+    sandbox.fault("5xx", count=1, token=bot.token)
+    answer = enqueue(bot, chat_id=5, text="the answer")
+    follow_up = enqueue(bot, chat_id=5, text="the follow-up")
+
+    assert services.outbound_message_send(answer.pk).status == "retry"
+    assert services.outbound_message_send(follow_up.pk).status == "waiting-for-earlier"
+    drive(answer.pk)
+    drive(follow_up.pk)
+
+    assert sandbox.sent_texts(token=bot.token, chat_id=5) == ["the answer", "the follow-up"]
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("no_limits")
+def test_an_unordered_message_does_not_wait_for_the_chat(bot, sandbox) -> None:  # noqa: ANN001
+    sandbox.fault("5xx", count=1, token=bot.token)
+    answer = enqueue(bot, chat_id=5, text="the answer")
+    notice = enqueue(bot, chat_id=5, text="independent notice", ordered=False)
+
+    assert services.outbound_message_send(answer.pk).status == "retry"
+    assert services.outbound_message_send(notice.pk).status == "sent"
+    drive(answer.pk)
+
+    assert sandbox.sent_texts(token=bot.token, chat_id=5) == ["independent notice", "the answer"]
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("no_limits")
+@pytest.mark.parametrize(("fault", "state"), [("403", State.FAILED), ("drop_after_deliver", State.UNKNOWN)])
+def test_a_dead_lettered_or_unknown_earlier_message_does_not_block_the_chat(bot, sandbox, fault, state) -> None:  # noqa: ANN001
+    sandbox.fault(fault, count=1, token=bot.token)
+    doomed = enqueue(bot, chat_id=9, text="first")
+    later = enqueue(bot, chat_id=9, text="second")
+
+    _, doomed = drive(doomed.pk)
+    _, later = drive(later.pk)
+
+    assert doomed.state == state
+    assert later.state == State.SENT
+
+
+# --- races and the shared limiter (real threads, each with its own DB connection) ---------------
+
+
+def _in_threads(n: int, target, *args) -> list:  # noqa: ANN001
+    results: list = [None] * n
+    barrier = threading.Barrier(n)
+
+    def run(i: int) -> None:
+        try:
+            barrier.wait()
+            results[i] = target(i, *args)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return results
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("no_limits")
+def test_two_workers_racing_for_one_message_send_it_once(bot, sandbox) -> None:  # noqa: ANN001
+    messages = [enqueue(bot, chat_id=100 + i, text=f"race {i}") for i in range(10)]
+
+    def worker(i: int) -> list[str]:
+        return [services.outbound_message_send(m.pk).status for m in messages]
+
+    statuses = _in_threads(2, worker)
+
+    sent = [s for worker_statuses in statuses for s in worker_statuses if s == "sent"]
+    assert len(sent) == 10
+    assert len(sandbox.calls(token=bot.token)) == 10
+    assert all(m.attempts == 1 for m in OutboundMessage.objects.filter(bot=bot))
+
+
+def warm_up(bot) -> None:  # noqa: ANN001
+    """Open the bot's HTTP connection first, so that its set-up does not skew arrival times."""
+    assert telegram.call(token=bot.token, base_url=bot.api_base_url, method="getMe", params={}).ok
+
+
+def _max_in_window(times: list[float], span: float) -> int:
+    times = sorted(times)
+    return max(sum(1 for t in times[i:] if t - start < span) for i, start in enumerate(times))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_per_bot_limit_is_shared_by_concurrent_workers(bot_factory, sandbox) -> None:  # noqa: ANN001
+    bot = bot_factory(rate_limit=5)
+    warm_up(bot)
+    messages = [enqueue(bot, chat_id=300 + i, text=f"n{i}", ordered=False) for i in range(12)]
+
+    _in_threads(2, lambda i: [drive(m.pk)[1].state for m in messages[i::2]])
+
+    assert OutboundMessage.objects.filter(bot=bot, state=State.SENT).count() == 12
+    calls = sandbox.calls(token=bot.token, method="sendMessage")
+    assert len(calls) == 12
+    assert _max_in_window([c["at"] for c in calls], 1.0) <= 5
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_per_chat_limit_is_shared_by_concurrent_workers(bot_factory, sandbox) -> None:  # noqa: ANN001
+    bot = bot_factory(rate_limit=30)
+    warm_up(bot)
+    messages = [enqueue(bot, chat_id=777, text=f"n{i}", ordered=False) for i in range(3)]
+
+    _in_threads(3, lambda i: drive(messages[i].pk)[1].state)
+
+    calls = sorted(c["at"] for c in sandbox.calls(token=bot.token, method="sendMessage"))
+    assert len(calls) == 3
+    assert _max_in_window(calls, 1.0) == 1
