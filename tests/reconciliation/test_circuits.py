@@ -1,0 +1,139 @@
+"""Circuit breakers: one alert per outage, one half-open probe at a time, closed on a
+successful probe, then the backlog drains in a growing batch per sweeper tick."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import timedelta
+
+import pytest
+from django.db import connections
+from django.test import override_settings
+from django.utils import timezone
+
+from outbox import circuits
+from outbox.models import Circuit, CircuitState, OutboundMessage, State
+from outbox.services import outbound_message_enqueue, outbound_message_send
+from reconciliation.sweeper import sweep
+from tests.reconciliation.factories import message_row
+
+NO_GRACE = {"DOVECOTE_REDISPATCH_GRACE_SECONDS": 0, "DOVECOTE_SWEEP_INTERVAL_SECONDS": 15}
+
+
+def alerts(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if getattr(r, "alert", None) == "circuit_open"]
+
+
+def probe_due(scope: str) -> None:
+    Circuit.objects.filter(scope=scope).update(next_probe_at=timezone.now() - timedelta(seconds=1))
+
+
+def test_a_revoked_token_opens_the_circuit_once_and_keeps_the_queue(bot, sandbox, caplog) -> None:
+    sandbox.fault("401")
+    messages = [
+        outbound_message_enqueue(bot_id=bot.pk, chat_id=100 + i, payload={"text": "hi"}, idempotency_key=f"a{i}")[0]
+        for i in range(3)
+    ]
+    statuses = [outbound_message_send(m.pk).status for m in messages]
+
+    assert statuses == ["circuit-opened", "circuit-open", "circuit-open"]
+    assert len(sandbox.calls(token=bot.token)) == 1
+    assert len(alerts(caplog)) == 1
+    assert Circuit.objects.get(scope=f"bot:{bot.pk}").state == CircuitState.OPEN
+    assert set(OutboundMessage.objects.filter(bot=bot).values_list("state", flat=True)) <= {State.PENDING, State.RETRY}
+
+
+def test_the_metrics_show_an_open_circuit(bot, client) -> None:
+    circuits.open_for_auth(f"bot:{bot.pk}", reason="Unauthorized")
+    body = client.get("/metrics").content.decode()
+    assert f'dovecote_circuit_open{{scope="bot:{bot.pk}",state="open"}} 1' in body
+
+
+@pytest.mark.django_db(transaction=True)
+def test_only_one_caller_wins_the_half_open_probe() -> None:
+    circuits.open_for_auth("consumer:crm", reason="401")
+    probe_due("consumer:crm")
+    wins: list[bool] = []
+    start = threading.Barrier(4)
+
+    def contender() -> None:
+        try:
+            start.wait()
+            wins.append(circuits.allow("consumer:crm"))
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=contender) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(wins) == [False, False, False, True]
+    assert Circuit.objects.get(scope="consumer:crm").state == CircuitState.HALF_OPEN
+
+
+def test_a_successful_probe_closes_the_circuit(bot, sandbox) -> None:
+    scope = f"bot:{bot.pk}"
+    circuits.open_for_auth(scope, reason="Unauthorized")
+    message, _ = outbound_message_enqueue(bot_id=bot.pk, chat_id=7, payload={"text": "probe"}, idempotency_key="p")
+    assert outbound_message_send(message.pk).status == "circuit-open"  # not yet: the probe is not due
+    probe_due(scope)
+
+    assert outbound_message_send(message.pk).status == "sent"
+    assert Circuit.objects.get(scope=scope).state == CircuitState.CLOSED
+    assert len(sandbox.messages(token=bot.token)) == 1
+
+
+def test_a_failed_probe_reopens_for_longer_without_a_second_alert(db: None, caplog) -> None:
+    circuits.open_for_auth("consumer:crm", reason="401")
+    Circuit.objects.filter(scope="consumer:crm").update(
+        opened_at=timezone.now() - timedelta(seconds=30), next_probe_at=timezone.now()
+    )
+    assert circuits.allow("consumer:crm")
+    delay = circuits.open_for_auth("consumer:crm", reason="401 again")
+    circuit = Circuit.objects.get(scope="consumer:crm")
+    assert circuit.state == CircuitState.OPEN
+    assert delay >= 2 * circuits.FIRST_PROBE_SECONDS
+    assert len(alerts(caplog)) == 1
+
+
+def test_a_probe_whose_worker_died_is_taken_again_after_its_lease(db: None) -> None:
+    circuits.open_for_auth("consumer:crm", reason="401")
+    probe_due("consumer:crm")
+    assert circuits.allow("consumer:crm")
+    assert not circuits.allow("consumer:crm")
+    probe_due("consumer:crm")  # the probe's lease ran out: its worker died
+    assert circuits.allow("consumer:crm")
+
+
+def test_an_operator_pause_has_no_probe(db: None) -> None:
+    circuits.pause("consumer:crm", reason="CRM maintenance")
+    Circuit.objects.filter(scope="consumer:crm").update(next_probe_at=timezone.now() - timedelta(hours=1))
+    assert not circuits.allow("consumer:crm")
+    circuits.resume("consumer:crm")
+    assert circuits.allow("consumer:crm")
+
+
+def test_the_sweeper_releases_one_probe_for_an_open_bot_and_ramps_its_backlog_after_it_closes(bot) -> None:
+    scope = f"bot:{bot.pk}"
+    past = timezone.now() - timedelta(minutes=5)
+    for i in range(100):
+        message_row(bot, key=f"backlog-{i}", chat_id=1000 + i, next_attempt_at=past)
+    circuits.open_for_auth(scope, reason="Unauthorized")
+
+    with override_settings(**NO_GRACE):
+        assert sweep()["messages_redispatched"] == 0  # open: nothing but the probe, when due
+        probe_due(scope)
+        assert sweep()["messages_probes"] == 1
+
+        circuits.try_probe(scope)
+        circuits.record_success(scope)  # the probe went through
+        first = sweep()["messages_ramped"]
+        Circuit.objects.filter(scope=scope).update(updated_at=timezone.now() - timedelta(seconds=15))
+        second = sweep()["messages_ramped"]
+        Circuit.objects.filter(scope=scope).update(updated_at=timezone.now() - timedelta(seconds=30))
+        third = sweep()["messages_ramped"]
+
+    n = circuits.RAMP_FIRST_BATCH
+    assert (first, second, third) == (n, 2 * n, 4 * n)
