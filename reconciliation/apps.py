@@ -6,4 +6,5 @@ class ReconciliationConfig(AppConfig):
     verbose_name = "Reconciliation and recovery"
 
     def ready(self) -> None:
-        from reconciliation import receivers  # noqa: F401 - connects the signal receivers
+        # Connects the signal receivers; registers the bulk-queue tasks (autodiscover finds only `tasks`).
+        from reconciliation import receivers, triage_tasks  # noqa: F401

@@ -78,6 +78,9 @@ class TriagePermissions(models.Model):
             ("view_dashboard", "Can view the operations dashboard"),
         ]
 
+    def __str__(self) -> str:
+        return "triage permissions"
+
 
 class PayloadVersion(models.Model):
     """An operator's correction of an outbound message's payload. Version 1 keeps the

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, connection
@@ -90,4 +91,62 @@ def metrics(request: HttpRequest) -> HttpResponse:
         "1 while a destination's circuit is open or half-open (attempts stopped, queue kept)",
         [({"scope": scope, "state": state}, 1) for scope, state in status["circuits_open"].items()],
     )
+    _dashboard_gauges(gauge)
     return HttpResponse("\n".join(lines) + "\n", content_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+def _dashboard_gauges(gauge: Any) -> None:
+    """The dashboard's numbers, overall and per bot, under their own names."""
+    from bots.models import Bot
+    from reconciliation.dashboard import dashboard_numbers
+
+    overall = dashboard_numbers()
+    latency = overall["reply_latency"]
+    gauge(
+        "dovecote_reply_latency_seconds",
+        "webhook to sent reply over the last hour, by quantile",
+        [({"quantile": "0.5"}, latency["p50"]), ({"quantile": "0.95"}, latency["p95"])],
+    )
+    gauge("dovecote_replies_last_hour", "replies sent for an update in the last hour", [({}, latency["count"])])
+    gauge(
+        "dovecote_failed_share",
+        "failed / (sent + failed) over the last 24 hours",
+        [({}, overall["failed_share"]["share"])],
+    )
+    gauge(
+        "dovecote_retries_per_day",
+        "Bot API attempts after the first, by day",
+        [({"day": row["day"]}, row["n"]) for row in overall["retries_per_day"]],
+    )
+    gauge(
+        "dovecote_circuit_open",
+        "1 when a circuit is open (1.5 when paused by an operator), 0 when closed",
+        [
+            ({"scope": c["scope"]}, (1.5 if c["manual"] else 1) if c["state"] == "open" else 0)
+            for c in overall["circuits"]
+        ],
+    )
+    per_bot = {bot.name: dashboard_numbers(bot.pk) for bot in Bot.objects.only("pk", "name")}
+    gauge(
+        "dovecote_bot_outbox_items",
+        "outbox rows by bot and state",
+        [({"bot": name, "state": state}, n) for name, numbers in per_bot.items()
+         for state, n in numbers["backlog"]["outbox"].items()],
+    )
+    gauge(
+        "dovecote_bot_reply_latency_seconds",
+        "webhook to sent reply over the last hour, by bot and quantile",
+        [({"bot": name, "quantile": q}, numbers["reply_latency"][k]) for name, numbers in per_bot.items()
+         for q, k in (("0.5", "p50"), ("0.95", "p95"))],
+    )
+    gauge(
+        "dovecote_bot_dead_letters_open",
+        "open dead letters by bot and reason",
+        [({"bot": name, "reason": r}, n) for name, numbers in per_bot.items()
+         for r, n in numbers["dead_letters_by_reason"].items()],
+    )
+    gauge(
+        "dovecote_bot_oldest_waiting_seconds",
+        "age of the bot's oldest waiting item",
+        [({"bot": name}, numbers["oldest_waiting_seconds"]) for name, numbers in per_bot.items()],
+    )

@@ -1,0 +1,83 @@
+"""Admin pages outside the model admins: the dashboard (page, HTML fragment, JSON) and
+pause/resume of a bot's or a consumer's circuit. All wrapped in admin_site.admin_view."""
+
+from __future__ import annotations
+
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
+from django.template.response import TemplateResponse
+from django.urls import reverse
+
+from bots.models import Bot
+from outbox.models import Circuit
+from reconciliation import triage
+from reconciliation.admin import ReasonForm, confirm_page
+from reconciliation.dashboard import dashboard_charts, dashboard_numbers
+
+DASHBOARD_PERMISSION = "reconciliation.view_dashboard"
+PAUSE_PERMISSION = "reconciliation.pause_circuit"
+
+
+def _bot_id(request: HttpRequest) -> int | None:
+    if not request.user.has_perm(DASHBOARD_PERMISSION):
+        raise PermissionDenied
+    raw = request.GET.get("bot") or ""
+    return int(raw) if raw.isdigit() else None
+
+
+def _context(request: HttpRequest) -> dict:
+    bot_id = _bot_id(request)
+    numbers = dashboard_numbers(bot_id)
+    return {
+        **admin.site.each_context(request),
+        "title": "Dashboard" + (f" — {Bot.objects.get(pk=bot_id).name}" if bot_id else ""),
+        "numbers": numbers,
+        "charts": dashboard_charts(numbers),
+        "bots": Bot.objects.all(),
+        "bot_id": bot_id,
+        "can_pause": request.user.has_perm(PAUSE_PERMISSION),
+    }
+
+
+def dashboard(request: HttpRequest) -> TemplateResponse:
+    return TemplateResponse(request, "reconciliation/dashboard.html", _context(request))
+
+
+def dashboard_fragment(request: HttpRequest) -> TemplateResponse:
+    return TemplateResponse(request, "reconciliation/_dashboard_body.html", _context(request))
+
+
+def dashboard_data(request: HttpRequest) -> JsonResponse:
+    return JsonResponse(dashboard_numbers(_bot_id(request)))
+
+
+def circuit(request: HttpRequest, action: str) -> HttpResponse:
+    """Pause (open by hand) or resume (close) the circuit of `scope` = bot:<id> | consumer:<name>."""
+    if action not in ("pause", "resume"):
+        raise Http404
+    if not request.user.has_perm(PAUSE_PERMISSION):
+        raise PermissionDenied
+    scope = request.GET.get("scope") or request.POST.get("scope") or ""
+    if not (scope.startswith("bot:") and scope[4:].isdigit() and Bot.objects.filter(pk=scope[4:]).exists()) and not (
+        scope.startswith("consumer:") and len(scope) > 9
+    ):
+        raise Http404("unknown scope")
+    form = ReasonForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        if action == "pause":
+            triage.circuit_pause(scope, request.user, form.cleaned_data["reason"])
+        else:
+            triage.circuit_resume(scope, request.user, form.cleaned_data["reason"])
+        messages.success(request, f"{scope}: {action}d.")
+        if scope.startswith("bot:"):
+            return HttpResponseRedirect(reverse("admin:bots_bot_change", args=[scope[4:]]))
+        return HttpResponseRedirect(reverse("dovecote_dashboard"))
+    model_admin = admin.site._registry[Circuit]
+    intro = (
+        "Opens the circuit by hand: nothing is sent or run for it until an operator resumes; the queue is kept."
+        if action == "pause"
+        else "Closes the circuit: waiting work flows again (the sweeper dispatches what is overdue)."
+    )
+    return confirm_page(request, model_admin, title=f"{action.capitalize()} {scope}", form=form, intro=intro,
+                        submit=action.capitalize(), danger=action == "pause")

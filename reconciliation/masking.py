@@ -1,0 +1,26 @@
+"""Masking of message text and personal fields for users without `reconciliation.view_payload`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+PAYLOAD_PERMISSION = "reconciliation.view_payload"
+PERSONAL_FIELDS = frozenset({"text", "caption", "phone_number", "first_name", "last_name", "username"})
+MASK = "••• masked •••"
+
+
+def can_view_payload(user: Any) -> bool:
+    return bool(user and user.has_perm(PAYLOAD_PERMISSION))
+
+
+def mask(value: Any) -> Any:
+    """The same JSON shape with message text and personal fields replaced, at any depth."""
+    if isinstance(value, dict):
+        return {k: (MASK if k in PERSONAL_FIELDS and v not in (None, "") else mask(v)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [mask(v) for v in value]
+    return value
+
+
+def for_user(user: Any, value: Any) -> Any:
+    return value if can_view_payload(user) else mask(value)
