@@ -119,12 +119,9 @@ def _dashboard_gauges(gauge: Any) -> None:
         [({"day": row["day"]}, row["n"]) for row in overall["retries_per_day"]],
     )
     gauge(
-        "dovecote_circuit_open",
-        "1 when a circuit is open (1.5 when paused by an operator), 0 when closed",
-        [
-            ({"scope": c["scope"]}, (1.5 if c["manual"] else 1) if c["state"] == "open" else 0)
-            for c in overall["circuits"]
-        ],
+        "dovecote_circuit_paused",
+        "1 while an operator has paused the bot or consumer by hand",
+        [({"scope": c["scope"]}, 1 if c["manual"] and c["state"] == "open" else 0) for c in overall["circuits"]],
     )
     per_bot = {bot.name: dashboard_numbers(bot.pk) for bot in Bot.objects.only("pk", "name")}
     gauge(
