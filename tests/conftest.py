@@ -14,7 +14,7 @@ from django.db import connection
 from bots.models import Bot
 from bots.sandbox.client import SandboxClient
 from bots.sandbox.server import SandboxServer
-from outbox import ratelimit
+from outbox import publishing, ratelimit
 from tests.support import Process, base_env, start_web, start_worker
 
 _bot_numbers = itertools.count(1)
@@ -35,6 +35,7 @@ def _clean_redis() -> Iterator[None]:
     ratelimit._storage.cache_clear()
     ratelimit._limiter.cache_clear()
     ratelimit._local_pauses.clear()
+    publishing.reset()
     yield
     _delete_run_keys(client)
 
