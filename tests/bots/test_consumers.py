@@ -1,0 +1,321 @@
+"""Fan-out to independent consumers, in-process against the real PostgreSQL, the sandbox over
+HTTP and local fake CRM / model servers."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test import override_settings
+from django.utils import timezone
+
+from bots import registry
+from bots.models import AnalyticsEvent, ConsumerRun, InboundUpdate, RunState
+from bots.services import consumer_run_execute, inbox_update_route, inbox_update_store
+from outbox.models import DeadLetter, OutboundMessage
+from tests.bots.fakes import FakeCRM, FakeOpenAI, deliver, execute, message_update, receive, run_of
+
+CRM_LOOKUP = "tests.bots.fakes.crm_lookup"
+
+
+@pytest.fixture
+def crm() -> Iterator[FakeCRM]:
+    server = FakeCRM().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def model() -> Iterator[FakeOpenAI]:
+    server = FakeOpenAI(reply="Yes, it is still available.").start()
+    yield server
+    server.stop()
+
+
+# --- routing -------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_each_update_gets_one_run_per_matching_consumer_recorded_at_routing(bot, crm: FakeCRM) -> None:
+    with override_settings(DOVECOTE_CRM_WEBHOOK_URL=crm.url):
+        message = receive(bot, message_update(chat_id=7, text="hi", message_id=1))
+        button = receive(bot, {"update_id": 99, "callback_query": {"id": "1", "from": {"id": 7}, "data": "x"}})
+
+    assert set(message.runs.values_list("consumer", flat=True)) == {"auto_reply", "crm_webhook", "analytics"}
+    # Only analytics wants every update type.
+    assert list(button.runs.values_list("consumer", flat=True)) == ["analytics"]
+    assert all(r.trace_id == message.trace_id for r in message.runs.all())
+
+
+@pytest.mark.django_db
+def test_crm_webhook_is_not_routed_when_no_crm_url_is_set(bot) -> None:
+    with override_settings(DOVECOTE_CRM_WEBHOOK_URL=""):
+        update = receive(bot, message_update(chat_id=7, text="hi", message_id=1))
+    assert not update.runs.filter(consumer="crm_webhook").exists()
+
+
+# --- fan-out independence --------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+@override_settings(DOVECOTE_CRM_LOOKUP=CRM_LOOKUP)
+def test_a_crm_that_is_down_does_not_stop_the_auto_reply_and_is_retried_without_a_duplicate_lead(
+    bot, sandbox, crm: FakeCRM
+) -> None:
+    crm.failures = ["down"]
+    with override_settings(DOVECOTE_CRM_WEBHOOK_URL=crm.url):
+        update = receive(bot, message_update(chat_id=4242, text="Is the bike still for sale?", message_id=1))
+
+        assert execute(update, "crm_webhook") == "retry"
+        assert execute(update, "auto_reply") == "done"
+        assert deliver(bot) == ["sent"]
+        assert sandbox.sent_texts(token=bot.token, chat_id=4242) == ["Echo: Is the bike still for sale?"]
+        crm_run = run_of(update, "crm_webhook")
+        assert crm_run.state == RunState.RETRY
+        assert crm_run.last_error_class == "transient"
+        assert "503" in crm_run.last_error
+
+        # The CRM is back: the retry (after its backoff) delivers the lead once.
+        assert execute(update, "crm_webhook", due_now=True) == "done"
+
+    assert run_of(update, "crm_webhook").outcome == "sent-to-crm"
+    key = f"dovecote:{bot.pk}:{update.update_id}:crm"
+    assert [p["key"] for p in crm.posts] == [key, key]
+    assert crm.leads == {key: 1}
+    lead = crm.posts[-1]["body"]
+    assert lead["text"] == "Is the bike still for sale?"
+    assert lead["chat_id"] == 4242
+    assert lead["trace_id"] == update.trace_id
+
+
+@pytest.mark.django_db
+@override_settings(DOVECOTE_CRM_LOOKUP=CRM_LOOKUP)
+def test_a_lead_stored_before_the_answer_was_lost_is_found_by_the_lookup_and_not_posted_again(
+    bot, crm: FakeCRM
+) -> None:
+    crm.failures = ["lost_answer"]
+    with override_settings(DOVECOTE_CRM_WEBHOOK_URL=crm.url):
+        update = receive(bot, message_update(chat_id=5, text="call me", message_id=1))
+        assert execute(update, "crm_webhook") == "retry"
+        assert execute(update, "crm_webhook", due_now=True) == "done"
+
+    assert len(crm.posts) == 1
+    assert sum(crm.leads.values()) == 1
+    assert run_of(update, "crm_webhook").outcome == "found-in-crm"
+
+
+@pytest.mark.django_db
+def test_without_a_lookup_hook_a_retry_resends_the_same_idempotency_key(bot, crm: FakeCRM) -> None:
+    crm.failures = ["lost_answer"]
+    with override_settings(DOVECOTE_CRM_WEBHOOK_URL=crm.url, DOVECOTE_CRM_LOOKUP=""):
+        update = receive(bot, message_update(chat_id=5, text="call me", message_id=1))
+        execute(update, "crm_webhook")
+        execute(update, "crm_webhook", due_now=True)
+
+    keys = [p["key"] for p in crm.posts]
+    assert len(keys) == 2
+    assert keys[0] == keys[1]  # a CRM that honours Idempotency-Key dedupes it
+
+
+@pytest.mark.django_db
+def test_a_crm_that_rejects_the_event_dead_letters_the_run_at_once(bot, crm: FakeCRM) -> None:
+    crm.handle = lambda *args: (422, {"error": "bad phone"})  # type: ignore[method-assign]
+    with override_settings(DOVECOTE_CRM_WEBHOOK_URL=crm.url):
+        update = receive(bot, message_update(chat_id=5, text="hi", message_id=1))
+        assert execute(update, "crm_webhook") == "dead-lettered"
+
+    run = run_of(update, "crm_webhook")
+    assert run.state == RunState.FAILED
+    letter = DeadLetter.objects.get(consumer_run=run)
+    assert letter.reason_class == "permanent"
+    assert letter.trace_id == update.trace_id
+    assert "422" in letter.last_error
+
+
+# --- analytics -------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_analytics_records_one_event_per_update_with_its_latency(bot) -> None:
+    sent_at = int(timezone.now().timestamp()) - 3
+    update = receive(bot, message_update(chat_id=-100200, text="hi all", message_id=9, chat_type="supergroup",
+                                         date=sent_at))
+    assert execute(update, "analytics") == "done"
+    # A re-run (a worker died after writing) adds nothing.
+    ConsumerRun.objects.filter(pk=run_of(update, "analytics").pk).update(state=RunState.RETRY)
+    execute(update, "analytics")
+
+    event = AnalyticsEvent.objects.get()
+    assert event.update == update
+    assert (event.update_type, event.chat_id, event.chat_type) == ("message", -100200, "supergroup")
+    assert 3000 <= event.latency_ms < 5000
+
+
+# --- replay, races, age ----------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_replaying_a_done_update_does_nothing(bot, sandbox) -> None:
+    payload = message_update(chat_id=31, text="once", message_id=1)
+    update = receive(bot, payload)
+    for consumer in ("auto_reply", "analytics"):
+        execute(update, consumer)
+    deliver(bot)
+
+    again, created = inbox_update_store(bot=bot, payload=payload)
+    assert not created
+    assert inbox_update_route(again.pk) == []
+    for run in update.runs.all():
+        assert consumer_run_execute(run.pk) == "not-waiting"
+    assert deliver(bot) == []
+    assert InboundUpdate.objects.count() == 1
+    assert OutboundMessage.objects.count() == 1
+    assert AnalyticsEvent.objects.count() == 1
+    assert sandbox.sent_texts(token=bot.token) == ["Echo: once"]
+
+
+@pytest.fixture
+def slow_counter() -> Iterator[list[int]]:
+    calls: list[int] = []
+
+    @registry.consumer("slow_counter", update_types=["message"])
+    def slow_counter(ctx: registry.ConsumerContext) -> None:
+        calls.append(ctx.update.update_id)
+        time.sleep(0.3)
+
+    yield calls
+    registry.unregister("slow_counter")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_workers_racing_on_one_run_execute_it_once(bot, slow_counter: list[int]) -> None:
+    update = receive(bot, message_update(chat_id=8, text="race", message_id=1))
+    run = run_of(update, "slow_counter")
+    start = threading.Barrier(2)
+    results: list[str] = []
+
+    def worker() -> None:
+        try:
+            start.wait()
+            results.append(consumer_run_execute(run.pk))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=worker) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+
+    assert slow_counter == [update.update_id]
+    assert sorted(results) == ["claimed-elsewhere", "done"]
+    run.refresh_from_db()
+    assert (run.state, run.attempts) == (RunState.DONE, 1)
+
+
+@pytest.mark.django_db
+def test_a_run_older_than_its_max_age_is_cancelled_with_a_reason_not_run_late(bot, sandbox) -> None:
+    update = receive(bot, message_update(chat_id=12, text="from yesterday", message_id=1))
+    InboundUpdate.objects.filter(pk=update.pk).update(received_at=timezone.now() - timedelta(hours=25))
+
+    assert execute(update, "auto_reply") == "too-old"
+
+    run = run_of(update, "auto_reply")
+    assert run.state == RunState.CANCELLED
+    assert "max age" in run.cancel_reason
+    assert not OutboundMessage.objects.exists()
+
+
+@pytest.mark.django_db
+def test_an_auth_error_pauses_the_consumer_and_keeps_its_runs(bot, crm: FakeCRM) -> None:
+    refused: list[str] = []
+    crm.handle = lambda *args: refused.append(args[0]) or (401, {"error": "bad api key"})  # type: ignore[method-assign]
+    with override_settings(DOVECOTE_CRM_WEBHOOK_URL=crm.url):
+        first = receive(bot, message_update(chat_id=1, text="a", message_id=1))
+        second = receive(bot, message_update(chat_id=2, text="b", message_id=1))
+        assert execute(first, "crm_webhook") == "paused"
+        assert execute(second, "crm_webhook") == "circuit-open"
+
+    paused, waiting = run_of(first, "crm_webhook"), run_of(second, "crm_webhook")
+    assert (paused.state, paused.last_error_class) == (RunState.RETRY, "auth")
+    assert waiting.state == RunState.PENDING
+    assert waiting.next_attempt_at > timezone.now() + timedelta(seconds=10)  # woken at the probe
+    assert refused == ["POST"]  # the second run did not knock again while paused
+    assert not DeadLetter.objects.exists()
+
+
+# --- the openai responder --------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_the_openai_responder_sends_the_models_answer_with_the_chats_history(
+    bot_factory, sandbox, model: FakeOpenAI
+) -> None:
+    shop = bot_factory(responder="openai", openai_model="shop-model-7b", system_prompt="You sell bikes.")
+    with override_settings(OPENAI_BASE_URL=model.base_url, OPENAI_API_KEY="sk-test-key",
+                           DOVECOTE_OPENAI_MODEL="default-model"):
+        first = receive(shop, message_update(chat_id=77, text="Hi", message_id=1))
+        model.reply = "Hello! How can I help?"
+        assert execute(first, "auto_reply") == "done"
+        assert deliver(shop) == ["sent"]
+
+        model.reply = "Yes, it is still available."
+        second = receive(shop, message_update(chat_id=77, text="Is the red bike still available?", message_id=3))
+        assert execute(second, "auto_reply") == "done"
+        assert deliver(shop) == ["sent"]
+
+    assert sandbox.sent_texts(token=shop.token, chat_id=77) == ["Hello! How can I help?", "Yes, it is still available."]
+    request = model.requests[-1]
+    assert request["path"] == "/v1/chat/completions"
+    assert request["headers"]["Authorization"] == "Bearer sk-test-key"
+    assert request["body"]["model"] == "shop-model-7b"
+    assert request["body"]["messages"] == [
+        {"role": "system", "content": "You sell bikes."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello! How can I help?"},
+        {"role": "user", "content": "Is the red bike still available?"},
+    ]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("status", "result", "state", "error_class"),
+    [
+        (503, "retry", RunState.RETRY, "transient"),
+        (400, "dead-lettered", RunState.FAILED, "permanent"),
+        (401, "paused", RunState.RETRY, "auth"),
+    ],
+)
+def test_model_errors_are_classified(bot_factory, model: FakeOpenAI, status, result, state, error_class) -> None:
+    shop = bot_factory(responder="openai")
+    model.statuses = [status]
+    with override_settings(OPENAI_BASE_URL=model.base_url):
+        update = receive(shop, message_update(chat_id=3, text="hello?", message_id=1))
+        assert execute(update, "auto_reply") == result
+    run = run_of(update, "auto_reply")
+    assert (run.state, run.last_error_class) == (state, error_class)
+    assert not OutboundMessage.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_model_that_times_out_is_retried_later(bot_factory, model: FakeOpenAI) -> None:
+    shop = bot_factory(responder="openai")
+    release = threading.Event()
+    original = model.handle
+
+    def slow(*args):
+        release.wait(3)
+        return original(*args)
+
+    model.handle = slow  # type: ignore[method-assign]
+    try:
+        with override_settings(OPENAI_BASE_URL=model.base_url, DOVECOTE_OPENAI_TIMEOUT=0.3):
+            update = receive(shop, message_update(chat_id=3, text="hello?", message_id=1))
+            assert execute(update, "auto_reply") == "retry"
+    finally:
+        release.set()
+    assert "unreachable" in run_of(update, "auto_reply").last_error
