@@ -42,7 +42,8 @@ def failed_row(bot: Bot, *, reason_class: str = ErrorClass.EXHAUSTED, chat_id: i
 def failed_run(bot: Bot, *, consumer: str = "auto_reply") -> DeadLetter:
     update = stored_update(bot)
     run = ConsumerRun.objects.create(
-        update=update, bot=bot, consumer=consumer, state=RunState.FAILED, attempts=5, next_attempt_at=update.received_at,
+        update=update, bot=bot, consumer=consumer, state=RunState.FAILED, attempts=5,
+        next_attempt_at=update.received_at,
         trace_id=update.trace_id, last_error="RuntimeError: CRM down", last_error_class="exhausted",
     )
     return DeadLetter.objects.create(
