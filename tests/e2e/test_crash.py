@@ -1,0 +1,223 @@
+"""The four restart points of seed 004, with real processes: a Celery worker (``-P solo``,
+so a SIGKILL takes the whole worker down), the Bot API sandbox over HTTP, PostgreSQL and
+Redis. The worker kills itself at a named failpoint (DOVECOTE_FAILPOINTS) or is killed by
+the test; the sweeper then runs in-process instead of waiting for beat.
+
+For each point: how many messages reached the chat, the final state, the attempts, and
+that the idempotency key never changed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+import time
+from datetime import timedelta
+
+import pytest
+from django.apps import apps as django_apps
+from django.test import override_settings
+from django.utils import timezone
+
+from outbox.models import OutboundMessage, State
+from outbox.services import dispatch, outbound_message_enqueue, outbound_message_send
+from reconciliation.models import CaseStatus, ReconciliationCase
+from reconciliation.sweeper import sweep
+from tests.support import ROOT, Process, start_worker, wait_until
+
+pytestmark = [pytest.mark.e2e]
+
+LEASE = 2  # seconds: DOVECOTE_SEND_LEASE_SECONDS for the worker, so a dead one is noticed fast
+NO_GRACE = override_settings(DOVECOTE_REDISPATCH_GRACE_SECONDS=0)
+
+
+def crash_worker(process_env: dict[str, str], processes: list[Process], *, failpoint: str = "",
+                 name: str = "worker") -> Process:
+    env = {**process_env, "DOVECOTE_SEND_LEASE_SECONDS": str(LEASE)}
+    if failpoint:
+        env["DOVECOTE_FAILPOINTS"] = failpoint
+    proc = start_worker(env, pool="solo", concurrency=1, name=name)
+    processes.append(proc)
+    return proc
+
+
+def enqueue(bot, key: str, text: str = "Your order #1 is confirmed") -> OutboundMessage:
+    message, created = outbound_message_enqueue(bot_id=bot.pk, chat_id=4242, payload={"text": text},
+                                                idempotency_key=key)
+    assert created
+    return message
+
+
+def lease_expired(message: OutboundMessage) -> bool:
+    message.refresh_from_db()
+    return message.lease_expires_at is not None and message.lease_expires_at < timezone.now()
+
+
+def assert_unknown_and_held(message: OutboundMessage, sandbox, bot, key: str) -> None:
+    message.refresh_from_db()
+    assert (message.state, message.attempts, message.idempotency_key) == (State.UNKNOWN, 1, key)
+    assert len(sandbox.messages(token=bot.token)) == 1
+    case = ReconciliationCase.objects.get(message=message)
+    assert (case.status, case.idempotency_key) == (CaseStatus.OPEN, key)
+    # Not resent: neither by another sweep nor by a redelivered task.
+    with NO_GRACE:
+        sweep()
+    assert outbound_message_send(message.pk).status == "not-waiting"
+    assert len(sandbox.calls(token=bot.token, method="sendMessage")) == 1
+
+
+PRODUCER = """
+import os, signal, django
+django.setup()
+from django.db import transaction
+from outbox.services import outbound_message_enqueue
+with transaction.atomic():
+    outbound_message_enqueue(bot_id=int(os.environ["BOT_ID"]), chat_id=4242,
+                             payload={"text": "Your order #1 is confirmed"}, idempotency_key="crash-a")
+    if os.environ.get("DIE_BEFORE_COMMIT"):
+        os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_producer_killed_before_its_commit_leaves_nothing_and_its_retry_sends_once(
+    process_env: dict[str, str], sandbox, bot_factory
+) -> None:
+    bot = bot_factory()
+    env = {**process_env, "BOT_ID": str(bot.pk)}
+    died = subprocess.run([sys.executable, "-c", PRODUCER], cwd=ROOT, env={**env, "DIE_BEFORE_COMMIT": "1"},
+                          check=False, timeout=60)
+    assert died.returncode == -9
+    assert not OutboundMessage.objects.filter(bot=bot).exists()
+    assert sandbox.calls(token=bot.token) == []
+
+    # The producer runs again with the same key (its own request is retried) and commits.
+    subprocess.run([sys.executable, "-c", PRODUCER], cwd=ROOT, env=env, check=True, timeout=60)
+    message = OutboundMessage.objects.get(bot=bot)
+    assert outbound_message_send(message.pk).status == "sent"
+    message.refresh_from_db()
+    assert (message.state, message.attempts, message.idempotency_key) == (State.SENT, 1, "crash-a")
+    assert sandbox.sent_texts(token=bot.token) == ["Your order #1 is confirmed"]
+
+
+def test_a_worker_killed_after_the_claim_and_before_the_send_is_recovered_and_sends_once(
+    process_env: dict[str, str], processes: list[Process], sandbox, bot_factory
+) -> None:
+    bot = bot_factory()
+    doomed = crash_worker(process_env, processes, failpoint="after_claim", name="worker-b")
+    message = enqueue(bot, "crash-b")
+    wait_until(lambda: not doomed.alive(), message="the worker killed itself after the claim")
+    message.refresh_from_db()
+    assert (message.state, message.attempts) == (State.SENDING, 0)
+    assert sandbox.calls(token=bot.token) == []
+
+    survivor = crash_worker(process_env, processes, name="worker-b2")
+    wait_until(lambda: lease_expired(message), timeout=LEASE + 5)
+    assert sweep()["messages_released"] == 1
+    wait_until(lambda: OutboundMessage.objects.filter(pk=message.pk, state=State.SENT).exists(), timeout=20)
+
+    message.refresh_from_db()
+    assert (message.state, message.attempts, message.idempotency_key) == (State.SENT, 1, "crash-b")
+    assert sandbox.sent_texts(token=bot.token) == ["Your order #1 is confirmed"]
+
+    # A replay of the finished event does nothing: a redelivered task, the same key again.
+    assert dispatch(message.pk)
+    again, created = outbound_message_enqueue(
+        bot_id=bot.pk, chat_id=4242, payload={"text": "Your order #1 is confirmed"}, idempotency_key="crash-b"
+    )
+    assert (again.pk, created) == (message.pk, False)
+    wait_until(lambda: "'not-waiting'" in survivor.log(), timeout=10, message="the replayed task ran")
+    message.refresh_from_db()
+    assert (message.state, message.attempts) == (State.SENT, 1)
+    assert len(sandbox.calls(token=bot.token, method="sendMessage")) == 1
+
+
+def test_a_worker_killed_while_telegram_holds_the_answer_leaves_an_unknown_message_and_a_case(
+    process_env: dict[str, str], processes: list[Process], sandbox, bot_factory
+) -> None:
+    bot = bot_factory()
+    sandbox.fault("slow", delay=3, count=1)  # Telegram has the message; its answer is on the way
+    worker = crash_worker(process_env, processes, name="worker-c")
+    message = enqueue(bot, "crash-c")
+    sandbox.wait_for_calls(1, token=bot.token, method="sendMessage")
+    worker.kill()
+
+    message.refresh_from_db()
+    assert (message.state, message.attempts) == (State.SENDING, 1)
+    wait_until(lambda: lease_expired(message), timeout=LEASE + 5)
+    assert sweep()["messages_unknown"] == 1
+    assert_unknown_and_held(message, sandbox, bot, "crash-c")
+
+
+def test_a_worker_killed_after_the_answer_and_before_recording_it_leaves_an_unknown_message_and_a_case(
+    process_env: dict[str, str], processes: list[Process], sandbox, bot_factory
+) -> None:
+    bot = bot_factory()
+    doomed = crash_worker(process_env, processes, failpoint="after_response", name="worker-d")
+    message = enqueue(bot, "crash-d")
+    wait_until(lambda: not doomed.alive(), message="the worker killed itself after the answer")
+
+    message.refresh_from_db()
+    assert (message.state, message.attempts) == (State.SENDING, 1)
+    assert message.attempt_set.get().finished_at is None
+    wait_until(lambda: lease_expired(message), timeout=LEASE + 5)
+    assert sweep()["messages_unknown"] == 1
+    assert_unknown_and_held(message, sandbox, bot, "crash-d")
+
+
+def test_a_worker_restarted_during_a_backoff_wait_keeps_the_schedule_and_the_key(
+    process_env: dict[str, str], processes: list[Process], sandbox, bot_factory
+) -> None:
+    bot = bot_factory()
+    sandbox.fault("429", retry_after=3, count=1)
+    worker = crash_worker(process_env, processes, name="worker-e")
+    message = enqueue(bot, "crash-e")
+    wait_until(lambda: OutboundMessage.objects.filter(pk=message.pk, state=State.RETRY).exists(), timeout=15)
+    worker.kill()  # the retry's countdown was held by this worker and dies with it
+    message.refresh_from_db()
+    scheduled = message.next_attempt_at
+
+    restarted = crash_worker(process_env, processes, name="worker-e2")
+    assert restarted.alive()
+    message.refresh_from_db()
+    assert (message.state, message.next_attempt_at, message.idempotency_key) == (State.RETRY, scheduled, "crash-e")
+    wait_until(lambda: timezone.now() > scheduled, timeout=5)
+    time.sleep(0.1)
+    with NO_GRACE:
+        assert sweep()["messages_redispatched"] == 1
+    wait_until(lambda: OutboundMessage.objects.filter(pk=message.pk, state=State.SENT).exists(), timeout=20)
+
+    message.refresh_from_db()
+    assert (message.attempts, message.idempotency_key) == (2, "crash-e")
+    assert sandbox.sent_texts(token=bot.token) == ["Your order #1 is confirmed"]
+    assert [a.outcome for a in message.attempt_set.all()] == ["rate_limited", "ok"]
+
+
+def test_beat_runs_the_sweeper_scheduled_by_the_migration(
+    process_env: dict[str, str], processes: list[Process], bot_factory
+) -> None:
+    from django_celery_beat.models import IntervalSchedule, PeriodicTask
+
+    # transactional tests flush the tables, so apply the data migration's own step again.
+    migration = importlib.import_module("reconciliation.migrations.0002_sweeper_schedule")
+    migration.schedule(django_apps, None)
+    task = PeriodicTask.objects.get(task="reconciliation.sweep")
+    assert task.enabled
+    # Tick every second here, rather than the configured interval.
+    task.interval = IntervalSchedule.objects.create(every=1, period=IntervalSchedule.SECONDS)
+    task.save()
+    bot = bot_factory()
+    stuck, _ = outbound_message_enqueue(bot_id=bot.pk, chat_id=1, payload={"text": "x"}, idempotency_key="beat")
+    OutboundMessage.objects.filter(pk=stuck.pk).update(
+        state=State.SENDING, lease_owner="dead:1", lease_expires_at=timezone.now() - timedelta(seconds=1)
+    )
+    celery = os.path.join(os.path.dirname(sys.executable), "celery")
+    scheduler = "django_celery_beat.schedulers:DatabaseScheduler"
+    beat = Process("beat", [celery, "-A", "project", "beat", "-l", "info", "--scheduler", scheduler], process_env)
+    processes.append(beat)
+    crash_worker(process_env, processes, name="worker-beat")
+    wait_until(
+        lambda: OutboundMessage.objects.get(pk=stuck.pk).state != State.SENDING, timeout=30,
+        message=f"beat to run the sweeper:\n{beat.log()}",
+    )
