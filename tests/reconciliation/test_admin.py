@@ -297,8 +297,8 @@ def test_audit_rows_are_read_only(bot, developer) -> None:
     assert client.get(reverse("admin:reconciliation_auditentry_add")).status_code == 403
     page = client.post(reverse("admin:reconciliation_auditentry_change", args=[entry.pk]), {"reason": "rewritten"})
     assert page.status_code == 403
-    assert client.post(reverse("admin:reconciliation_auditentry_delete", args=[entry.pk]), {"post": "yes"}).status_code \
-        == 403
+    delete = client.post(reverse("admin:reconciliation_auditentry_delete", args=[entry.pk]), {"post": "yes"})
+    assert delete.status_code == 403
     entry.refresh_from_db()
     assert entry.reason == "r"
 
