@@ -31,9 +31,10 @@ def create_groups(apps, schema_editor):  # noqa: ANN001, ANN201
 
     # Permissions are normally created after all migrations; make them exist now.
     for app_config in apps.get_app_configs():
-        app_config.models_module = True
+        original = app_config.models_module
+        app_config.models_module = original or True
         create_permissions(app_config, apps=apps, verbosity=0)
-        app_config.models_module = None
+        app_config.models_module = original
     Group = apps.get_model("auth", "Group")
     operator, _ = Group.objects.get_or_create(name="Operator")
     operator.permissions.add(*_permissions(apps, OPERATOR))

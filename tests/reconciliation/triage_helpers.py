@@ -52,7 +52,18 @@ def failed_run(bot: Bot, *, consumer: str = "auto_reply") -> DeadLetter:
     )
 
 
+def ensure_groups() -> None:
+    """The groups come from a data migration; a transactional test's flush removes them."""
+    import importlib
+
+    from django.apps import apps
+
+    if Group.objects.filter(name__in=["Operator", "Developer"]).count() < 2:
+        importlib.import_module("reconciliation.migrations.0004_operator_groups").create_groups(apps, None)
+
+
 def persona(name: str, group: str | None = None, *, superuser: bool = False) -> User:
+    ensure_groups()
     user = User.objects.create_user(name, password=name, is_staff=True, is_superuser=superuser)
     if group:
         user.groups.add(Group.objects.get(name=group))
