@@ -64,6 +64,9 @@ class OutboundMessage(models.Model):
         help_text="The update this message answers, if any.",
     )
     consumer = models.CharField(max_length=100, blank=True, help_text="Consumer that wrote this message, if any.")
+    broadcast = models.CharField(
+        max_length=255, blank=True, help_text="Key of the broadcast this message is part of, if any (bulk queue)."
+    )
     state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
     ordered = models.BooleanField(
         default=True, help_text="Wait for earlier messages to the same chat before sending."
@@ -250,3 +253,32 @@ class Circuit(models.Model):
 
     def __str__(self) -> str:
         return f"{self.scope} [{self.state}]"
+
+
+class IdempotencyRecord(models.Model):
+    """The first answer to an API request with an Idempotency-Key, replayed to its retries.
+
+    Kept at least DOVECOTE_IDEMPOTENCY_KEEP_HOURS (24 h by default); `idempotency_records_prune`
+    deletes older ones. The outbox row's own key still deduplicates after that.
+    """
+
+    scope = models.CharField(max_length=200, help_text="Who and what the key belongs to: user and endpoint.")
+    key = models.CharField(max_length=255, help_text="The client's Idempotency-Key header.")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE, related_name="+"
+    )
+    fingerprint = models.CharField(max_length=64, help_text="sha256 of the request body: a different body is a 422.")
+    in_progress = models.BooleanField(default=True, help_text="The first request is still being processed (409).")
+    response_status = models.PositiveSmallIntegerField(null=True, blank=True)
+    response_body = models.JSONField(null=True, blank=True, help_text="The first answer, replayed as it was.")
+    created_at = models.DateTimeField(auto_now_add=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["scope", "key"], name="idempotency_unique_key_per_scope"),
+        ]
+        indexes = [models.Index(fields=["created_at"], name="idempotency_created_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.scope} {self.key} [{'in progress' if self.in_progress else self.response_status}]"

@@ -7,6 +7,7 @@ A redelivered task is harmless because the send starts with `claim()`.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import socket
@@ -25,6 +26,7 @@ from outbox import circuits, policy, ratelimit, selectors, telegram, transitions
 from outbox.failpoints import failpoint
 from outbox.logging import current_trace_id
 from outbox.models import Circuit, CircuitState, ErrorClass, OnAmbiguous, OutboundMessage, State
+from outbox.publishing import publish
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +36,12 @@ def worker_id() -> str:
 
 
 class MessageRejected(ValueError):
-    """The message cannot be accepted as given (bad method, chat or payload)."""
+    """The message cannot be accepted as given (bad method, chat or payload). `field` names
+    the offending input, for the API's field errors."""
+
+    def __init__(self, message: str, *, field: str = "payload") -> None:
+        super().__init__(message)
+        self.field = field
 
 
 SUPPORTED_METHODS = frozenset(
@@ -70,11 +77,11 @@ CREATES_MESSAGE = frozenset(m for m in SUPPORTED_METHODS if m.startswith(("send"
 
 def _validate(method: str, chat_id: Any, payload: Any) -> None:
     if method not in SUPPORTED_METHODS:
-        raise MessageRejected(f"unsupported Bot API method {method!r}")
+        raise MessageRejected(f"unsupported Bot API method {method!r}", field="method")
     if isinstance(chat_id, bool) or not isinstance(chat_id, int):
-        raise MessageRejected("chat_id must be an integer")
+        raise MessageRejected("chat_id must be an integer", field="chat_id")
     if not -(2**63) <= chat_id < 2**63:
-        raise MessageRejected("chat_id is out of range")
+        raise MessageRejected("chat_id is out of range", field="chat_id")
     if not isinstance(payload, dict):
         raise MessageRejected("payload must be a JSON object")
     if "chat_id" in payload:
@@ -85,6 +92,17 @@ def _validate(method: str, chat_id: Any, payload: Any) -> None:
             raise MessageRejected("sendMessage needs a non-empty text")
         if len(text) > 4096:
             raise MessageRejected("text is longer than Telegram's 4096 characters")
+
+
+def _validate_options(
+    *, idempotency_key: str, send_at: datetime | None, expires_at: datetime | None, on_ambiguous: str
+) -> None:
+    if not 1 <= len(idempotency_key) <= 255:
+        raise MessageRejected("an idempotency key is 1-255 characters", field="idempotency_key")
+    if on_ambiguous not in OnAmbiguous.values:
+        raise MessageRejected(f"on_ambiguous is one of {', '.join(OnAmbiguous.values)}", field="on_ambiguous")
+    if send_at and expires_at and expires_at <= send_at:
+        raise MessageRejected("expires_at must be after send_at", field="expires_at")
 
 
 def outbound_message_enqueue(
@@ -109,8 +127,7 @@ def outbound_message_enqueue(
     Returns (message, created). The same key returns the stored message untouched.
     """
     _validate(method, chat_id, payload)
-    if not 1 <= len(idempotency_key) <= 255:
-        raise MessageRejected("an idempotency key is 1-255 characters")
+    _validate_options(idempotency_key=idempotency_key, send_at=send_at, expires_at=expires_at, on_ambiguous=on_ambiguous)
     now = timezone.now()
     defaults = {
         "chat_id": chat_id,
@@ -141,20 +158,20 @@ def outbound_message_enqueue(
     return message, created
 
 
-def dispatch(message_id: int, *, countdown: float = 0.0, slot_reserved: bool = False) -> bool:
+def dispatch(message_id: int, *, countdown: float = 0.0, slot_reserved: bool = False, bulk: bool = False) -> bool:
     """Hand a message to a worker. Failure to publish is logged, never raised: the row is
-    committed and the sweeper dispatches whatever is overdue."""
+    committed and the sweeper dispatches whatever is overdue. `bulk` (broadcasts) uses the
+    bulk queue, so that replies to people are not stuck behind thousands of notifications."""
     if countdown > policy.MAX_BROKER_COUNTDOWN_SECONDS:
         return False  # the sweeper picks it up when due
     from outbox.tasks import send_outbound_message
 
-    kwargs = {"slot_reserved": True} if slot_reserved else {}
-    try:
-        send_outbound_message.apply_async((message_id,), kwargs, countdown=countdown or None, retry=False)
-    except Exception:  # noqa: BLE001 - any broker failure; the sweeper recovers
-        logger.warning("could not publish message %s; the sweeper will dispatch it", message_id, exc_info=True)
-        return False
-    return True
+    kwargs: dict[str, Any] = {"slot_reserved": True} if slot_reserved else {}
+    task: Any = send_outbound_message
+    if bulk:
+        kwargs["bulk"] = True
+        task = send_outbound_message.signature(queue=settings.CELERY_TASK_QUEUE_BULK)
+    return publish(task, (message_id,), kwargs, countdown=countdown, what=f"message {message_id}")
 
 
 @dataclass(frozen=True)
@@ -353,3 +370,131 @@ def outbound_message_resend(message_id: int, *, from_states: list[str]) -> bool:
     if ok:
         transaction.on_commit(lambda: dispatch(message_id))
     return ok
+
+
+@dataclass(frozen=True)
+class BroadcastResult:
+    message_ids: list[int]
+    created: int
+
+
+def client_key(*, client: str, key: str) -> str:
+    """An outbox key for a key chosen by an API client: clients never collide with each
+    other or with the project's own keys, and the result fits in 255 characters."""
+    derived = f"api:{client}:{key}"
+    if len(derived) <= 255:
+        return derived
+    return f"api:{client}:sha256:{hashlib.sha256(key.encode()).hexdigest()}"
+
+
+def broadcast_message_key(broadcast_key: str, chat_id: int) -> str:
+    """The outbox key of one chat's message in a broadcast: stable, at most 255 characters."""
+    key = f"bc:{broadcast_key}:{chat_id}"
+    if len(key) <= 255:
+        return key
+    digest = hashlib.sha256(broadcast_key.encode()).hexdigest()
+    return f"bc:sha256:{digest}:{chat_id}"
+
+
+def broadcast_enqueue(
+    *,
+    bot_id: int,
+    chat_ids: list[int],
+    payload: dict[str, Any],
+    broadcast_key: str,
+    method: str = "sendMessage",
+    send_at: datetime | None = None,
+    expires_at: datetime | None = None,
+    on_ambiguous: str = OnAmbiguous.HOLD,
+    trace_id: str = "",
+) -> BroadcastResult:
+    """One payload to many chats: one unordered outbox message per chat, keyed by the
+    broadcast key and the chat, drained within the bot's rate limits on the bulk queue.
+
+    Calling it again with the same key creates nothing new and dispatches nothing again.
+    """
+    if not chat_ids:
+        raise MessageRejected("chat_ids must not be empty", field="chat_ids")
+    unique_chats = list(dict.fromkeys(chat_ids))
+    for chat_id in unique_chats:
+        _validate(method, chat_id, payload)
+    _validate_options(idempotency_key=broadcast_key, send_at=send_at, expires_at=expires_at, on_ambiguous=on_ambiguous)
+    now = timezone.now()
+    keys = {broadcast_message_key(broadcast_key, chat_id): chat_id for chat_id in unique_chats}
+    with transaction.atomic():
+        existing = set(
+            OutboundMessage.objects.filter(bot_id=bot_id, idempotency_key__in=list(keys)).values_list(
+                "idempotency_key", flat=True
+            )
+        )
+        rows = [
+            OutboundMessage(
+                bot_id=bot_id,
+                chat_id=chat_id,
+                method=method,
+                payload=payload,
+                idempotency_key=key,
+                broadcast=broadcast_key,
+                trace_id=trace_id or current_trace_id.get(),
+                send_at=send_at,
+                expires_at=expires_at,
+                on_ambiguous=on_ambiguous,
+                ordered=False,
+                max_attempts=settings.DOVECOTE_OUTBOX_MAX_ATTEMPTS,
+                next_attempt_at=max(send_at, now) if send_at else now,
+            )
+            for key, chat_id in keys.items()
+            if key not in existing
+        ]
+        # A concurrent call with the same key may insert some first: theirs stand.
+        OutboundMessage.objects.bulk_create(rows, batch_size=1000, ignore_conflicts=True)
+        ids = dict(
+            OutboundMessage.objects.filter(bot_id=bot_id, idempotency_key__in=list(keys)).values_list(
+                "idempotency_key", "id"
+            )
+        )
+        new_ids = [ids[row.idempotency_key] for row in rows if row.idempotency_key in ids]
+        delay = max(0.0, (send_at - now).total_seconds()) if send_at else 0.0
+
+        def publish_all() -> None:
+            for pk in new_ids:
+                dispatch(pk, countdown=delay, bulk=True)
+
+        transaction.on_commit(publish_all)
+    return BroadcastResult(message_ids=[ids[k] for k in keys if k in ids], created=len(rows))
+
+
+# Payload keys that carry what a person wrote or who they are; purged after retention.
+PERSONAL_PAYLOAD_KEYS = frozenset(
+    {
+        "text", "caption", "reply_markup", "entities", "caption_entities", "phone_number", "first_name",
+        "last_name", "vcard", "question", "options", "explanation", "latitude", "longitude", "address",
+        "title", "media", "photo", "document", "video", "audio", "voice", "animation", "sticker",
+    }
+)
+
+
+def outbound_messages_purge_payloads(*, older_than: datetime | None = None, batch_size: int = 500) -> int:
+    """Blank the text, markup and captions of messages sent before `older_than` (default:
+    DOVECOTE_PAYLOAD_RETENTION_DAYS ago). Metadata - chat, method, states, attempts, keys,
+    Telegram's message id - stays. Returns how many messages were purged. The sweeper runs it."""
+    if older_than is None:
+        older_than = timezone.now() - timedelta(days=settings.DOVECOTE_PAYLOAD_RETENTION_DAYS)
+    purged = 0
+    while True:
+        batch = list(
+            OutboundMessage.objects.filter(state=State.SENT, sent_at__lt=older_than, payload_purged_at__isnull=True)
+            .only("pk", "payload", "result")
+            .order_by("pk")[:batch_size]
+        )
+        if not batch:
+            return purged
+        now = timezone.now()
+        for message in batch:
+            payload = message.payload if isinstance(message.payload, dict) else {}
+            message.payload = {k: v for k, v in payload.items() if k not in PERSONAL_PAYLOAD_KEYS}
+            message.result = None
+            message.payload_purged_at = now
+        # Sent is final, so nothing else writes these rows any more.
+        OutboundMessage.objects.bulk_update(batch, ["payload", "result", "payload_purged_at"])
+        purged += len(batch)

@@ -11,9 +11,9 @@ from outbox import services
 
 
 @shared_task(name="outbox.send_outbound_message", ignore_result=True)
-def send_outbound_message(message_id: int, slot_reserved: bool = False) -> str:
+def send_outbound_message(message_id: int, slot_reserved: bool = False, bulk: bool = False) -> str:
     result = services.outbound_message_send(message_id, slot_reserved=slot_reserved)
     if result.countdown is not None:
         # Short waits ride the broker; long ones stay in the row for the sweeper.
-        services.dispatch(message_id, countdown=result.countdown, slot_reserved=result.slot_reserved)
+        services.dispatch(message_id, countdown=result.countdown, slot_reserved=result.slot_reserved, bulk=bulk)
     return result.status

@@ -1,0 +1,188 @@
+"""The REST API (CONTRACT.md): thin views over the outbox services.
+
+POST /api/v1/messages/ and /api/v1/broadcasts/ require an Idempotency-Key header: 201 new,
+200 replay of the first answer, 422 same key with another body, 409 while the first request
+is still in progress, 400 missing or invalid key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from django.db import transaction
+from django.shortcuts import get_object_or_404
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from outbox import idempotency, services
+from outbox.models import OutboundMessage
+from outbox.serializers import (
+    BroadcastCreateSerializer,
+    BroadcastResultSerializer,
+    CancelSerializer,
+    ErrorSerializer,
+    MessageCreateSerializer,
+    MessageSerializer,
+)
+
+IDEMPOTENCY_HEADER = OpenApiParameter(
+    "Idempotency-Key",
+    OpenApiTypes.STR,
+    OpenApiParameter.HEADER,
+    required=True,
+    description="1-255 characters, unique per request intent; kept at least 24 hours.",
+)
+IDEMPOTENCY_RESPONSES = {
+    400: OpenApiResponse(description="Missing or invalid Idempotency-Key, or invalid body (field errors)."),
+    409: OpenApiResponse(ErrorSerializer, description="The first request with this key is still in progress."),
+    422: OpenApiResponse(ErrorSerializer, description="This key was used with a different body."),
+}
+
+
+def _idempotent(request: Request, endpoint: str, handle: Callable[[str], Response]) -> Response:
+    key = request.headers.get("Idempotency-Key")
+    if key is None:
+        return Response({"detail": "the Idempotency-Key header is required"}, status=status.HTTP_400_BAD_REQUEST)
+    if not 1 <= len(key) <= 255:
+        return Response({"detail": "an Idempotency-Key is 1-255 characters"}, status=status.HTTP_400_BAD_REQUEST)
+    begun = idempotency.idempotency_begin(
+        scope=f"user:{request.user.pk}:{endpoint}",
+        key=key,
+        fingerprint=idempotency.request_fingerprint(request.data),
+        user=request.user,
+    )
+    if begun.outcome == "mismatch":
+        return Response(
+            {"detail": "this Idempotency-Key was used with a different request body"},
+            status=status.HTTP_422_UNPROCESSABLE_ENTITY,
+        )
+    if begun.outcome == "in_progress":
+        return Response(
+            {"detail": "a request with this Idempotency-Key is still in progress; retry later"},
+            status=status.HTTP_409_CONFLICT,
+        )
+    if begun.outcome == "replay":
+        return Response(begun.record.response_body, status=status.HTTP_200_OK, headers={"Idempotent-Replayed": "true"})
+    try:
+        response = handle(key)
+    except BaseException:
+        idempotency.idempotency_abandon(begun.record)
+        raise
+    if status.is_success(response.status_code):
+        idempotency.idempotency_complete(begun.record, status=response.status_code, body=response.data)
+    else:
+        idempotency.idempotency_abandon(begun.record)
+    return response
+
+
+def _rejected(exc: services.MessageRejected) -> Response:
+    return Response({exc.field: [str(exc)]}, status=status.HTTP_400_BAD_REQUEST)
+
+
+def _message_body(message_id: int) -> dict[str, Any]:
+    message = OutboundMessage.objects.select_related("bot").prefetch_related("attempt_set").get(pk=message_id)
+    return MessageSerializer(message).data
+
+
+class MessageCreateView(APIView):
+    @extend_schema(
+        request=MessageCreateSerializer,
+        parameters=[IDEMPOTENCY_HEADER],
+        responses={201: MessageSerializer, 200: MessageSerializer, **IDEMPOTENCY_RESPONSES},
+        summary="Queue one Bot API call in the outbox",
+    )
+    def post(self, request: Request) -> Response:
+        def handle(key: str) -> Response:
+            serializer = MessageCreateSerializer(data=request.data)
+            if not serializer.is_valid():
+                return Response(serializer.errors, status=status.HTTP_400_BAD_REQUEST)
+            data = serializer.validated_data
+            try:
+                with transaction.atomic():
+                    message, created = services.outbound_message_enqueue(
+                        bot_id=data["bot"].pk,
+                        chat_id=data["chat_id"],
+                        method=data["method"],
+                        payload=data["payload"],
+                        idempotency_key=services.client_key(client=str(request.user.pk), key=key),
+                        send_at=data.get("send_at"),
+                        expires_at=data.get("expires_at"),
+                        on_ambiguous=data["on_ambiguous"],
+                        ordered=data["ordered"],
+                    )
+            except services.MessageRejected as exc:
+                return _rejected(exc)
+            return Response(_message_body(message.pk), status=status.HTTP_201_CREATED if created else 200)
+
+        return _idempotent(request, "messages", handle)
+
+
+class MessageDetailView(APIView):
+    @extend_schema(responses={200: MessageSerializer, 404: ErrorSerializer}, summary="A message and its attempts")
+    def get(self, request: Request, pk: int) -> Response:
+        get_object_or_404(OutboundMessage.objects.only("pk"), pk=pk)
+        return Response(_message_body(pk))
+
+
+class MessageCancelView(APIView):
+    @extend_schema(
+        request=CancelSerializer,
+        responses={200: MessageSerializer, 404: ErrorSerializer, 409: ErrorSerializer},
+        summary="Cancel a message that has not gone out",
+    )
+    def post(self, request: Request, pk: int) -> Response:
+        message = get_object_or_404(OutboundMessage.objects.only("pk", "state"), pk=pk)
+        serializer = CancelSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        if not services.outbound_message_cancel(pk, reason=serializer.validated_data["reason"]):
+            message.refresh_from_db(fields=["state"])
+            return Response(
+                {"detail": f"message is {message.state}; only pending or retry messages can be cancelled",
+                 "state": message.state},
+                status=status.HTTP_409_CONFLICT,
+            )
+        return Response(_message_body(pk))
+
+
+class BroadcastCreateView(APIView):
+    @extend_schema(
+        request=BroadcastCreateSerializer,
+        parameters=[IDEMPOTENCY_HEADER],
+        responses={201: BroadcastResultSerializer, 200: BroadcastResultSerializer, **IDEMPOTENCY_RESPONSES},
+        summary="One payload to many chats, drained within the bot's rate limits",
+    )
+    def post(self, request: Request) -> Response:
+        def handle(key: str) -> Response:
+            serializer = BroadcastCreateSerializer(data=request.data)
+            if not serializer.is_valid():
+                return Response(serializer.errors, status=status.HTTP_400_BAD_REQUEST)
+            data = serializer.validated_data
+            broadcast_key = services.client_key(client=str(request.user.pk), key=key)
+            try:
+                result = services.broadcast_enqueue(
+                    bot_id=data["bot"].pk,
+                    chat_ids=data["chat_ids"],
+                    method=data["method"],
+                    payload=data["payload"],
+                    broadcast_key=broadcast_key,
+                    send_at=data.get("send_at"),
+                    expires_at=data.get("expires_at"),
+                    on_ambiguous=data["on_ambiguous"],
+                )
+            except services.MessageRejected as exc:
+                return _rejected(exc)
+            body = {
+                "broadcast": broadcast_key,
+                "bot": data["bot"].name,
+                "count": len(result.message_ids),
+                "created": result.created,
+                "message_ids": result.message_ids,
+            }
+            return Response(body, status=status.HTTP_201_CREATED if result.created else status.HTTP_200_OK)
+
+        return _idempotent(request, "broadcasts", handle)
