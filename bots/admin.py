@@ -1,7 +1,7 @@
 from django import forms
 from django.contrib import admin
 
-from bots.models import Bot, ConsumerRun, InboundUpdate
+from bots.models import AnalyticsEvent, Bot, ChatState, ConsumerRun, InboundUpdate
 
 
 class BotForm(forms.ModelForm):
@@ -49,7 +49,9 @@ class InboundUpdateAdmin(admin.ModelAdmin):
 
 @admin.register(ConsumerRun)
 class ConsumerRunAdmin(admin.ModelAdmin):
-    list_display = ["id", "consumer", "bot", "update", "state", "attempts", "last_error_class", "next_attempt_at"]
+    list_display = [
+        "id", "consumer", "bot", "update", "state", "attempts", "outcome", "last_error_class", "next_attempt_at"
+    ]
     list_filter = ["state", "consumer", "bot", "last_error_class"]
     search_fields = ["trace_id", "consumer"]
     list_select_related = ["bot", "update"]
@@ -57,4 +59,34 @@ class ConsumerRunAdmin(admin.ModelAdmin):
     readonly_fields = [f.name for f in ConsumerRun._meta.fields]
 
     def has_add_permission(self, request) -> bool:
+        return False
+
+
+@admin.register(ChatState)
+class ChatStateAdmin(admin.ModelAdmin):
+    list_display = ["bot", "chat_id", "last_answered_message_id", "last_answered_at"]
+    list_filter = ["bot"]
+    search_fields = ["=chat_id"]
+    list_select_related = ["bot"]
+    # The reply guard moves only forward, in bots/transitions.py.
+    readonly_fields = [f.name for f in ChatState._meta.fields]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+
+@admin.register(AnalyticsEvent)
+class AnalyticsEventAdmin(admin.ModelAdmin):
+    list_display = ["received_at", "bot", "update_type", "chat_id", "chat_type", "latency_ms"]
+    list_filter = ["bot", "update_type", "chat_type"]
+    search_fields = ["=chat_id"]
+    list_select_related = ["bot"]
+    raw_id_fields = ["update"]
+    readonly_fields = [f.name for f in AnalyticsEvent._meta.fields]
+    date_hierarchy = "received_at"
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
         return False

@@ -25,6 +25,16 @@ def _error(status: int, description: str) -> JsonResponse:
 
 @csrf_exempt
 def telegram_webhook(request: HttpRequest, name: str) -> JsonResponse:
+    # The trace id lives for this request only: a server thread's next request must not
+    # log under it.
+    token = current_trace_id.set("")
+    try:
+        return _receive(request, name)
+    finally:
+        current_trace_id.reset(token)
+
+
+def _receive(request: HttpRequest, name: str) -> JsonResponse:
     if request.method != "POST":
         response = _error(405, "method not allowed; Telegram POSTs updates")
         response["Allow"] = "POST"
