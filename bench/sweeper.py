@@ -21,6 +21,7 @@ import os
 import statistics
 import sys
 import time
+from collections import defaultdict
 from datetime import timedelta
 from pathlib import Path
 
@@ -163,6 +164,13 @@ def run(args: argparse.Namespace) -> dict[int, dict[str, float]]:
             started = time.perf_counter()
             sweeper.sweep()
             idle.append(time.perf_counter() - started)
+        for step in sweeper.STEPS:
+            times = []
+            for _ in range(3):
+                started = time.perf_counter()
+                step(timezone.now(), defaultdict(int))
+                times.append(time.perf_counter() - started)
+            print(f"  idle step {step.__name__}: {ms(statistics.median(times))}ms", flush=True)
         now = timezone.now()
         due = OutboundMessage.objects.bulk_create(
             [OutboundMessage(bot=bot, chat_id=-i, idempotency_key=f"claim-{size}-{i}", payload={"text": "hi"},

@@ -207,6 +207,8 @@ DOVECOTE_SWEEP_INTERVAL_SECONDS = env.int("DOVECOTE_SWEEP_INTERVAL_SECONDS", def
 DOVECOTE_AMBIGUOUS_RESEND_DELAY_SECONDS = env.float("DOVECOTE_AMBIGUOUS_RESEND_DELAY_SECONDS", default=60.0)
 # A row due this long ago and not claimed is taken to have lost its broker message.
 DOVECOTE_REDISPATCH_GRACE_SECONDS = env.float("DOVECOTE_REDISPATCH_GRACE_SECONDS", default=30.0)
+# Payload purge and ledger pruning run at most this often (they scan history).
+DOVECOTE_RETENTION_INTERVAL_SECONDS = env.int("DOVECOTE_RETENTION_INTERVAL_SECONDS", default=3600)
 
 # --- REST API ---------------------------------------------------------------------------
 REST_FRAMEWORK = {

@@ -13,7 +13,8 @@ reconciliation/0002, so `beat` needs no set-up). One sweep:
 5. redispatches due rows whose broker message was lost - gradually for a destination whose
    circuit just closed, one probe for one whose circuit is open;
 6. purges payloads past retention and prunes ledger (Effect) and dedupe (InboundUpdate)
-   rows older than DOVECOTE_LEDGER_RETENTION_DAYS (never under Telegram's 24 h).
+   rows older than DOVECOTE_LEDGER_RETENTION_DAYS (never under Telegram's 24 h) - at most
+   once per DOVECOTE_RETENTION_INTERVAL_SECONDS (default 3600).
 
 Two sweepers at once (two beats, a manual run): on PostgreSQL a session advisory lock lets
 one run and the other return at once; PostgreSQL drops the lock with the session, so a
@@ -264,7 +265,26 @@ def _boundary_id(model: Any, field: str, cutoff: datetime) -> int | None:
     return lo
 
 
+def _retention_due() -> bool:
+    """Retention is hourly work, not every tick's: the payload purge scans sent history.
+    A Redis key with a TTL (SET NX EX) lets one sweep per interval do it; without Redis
+    (the demo) or with Redis down, every sweep does."""
+    interval = int(getattr(settings, "DOVECOTE_RETENTION_INTERVAL_SECONDS", 3600))
+    if interval <= 0 or not settings.REDIS_URL:
+        return True
+    import redis
+
+    try:
+        client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
+        key = f"{getattr(settings, 'DOVECOTE_REDIS_PREFIX', '')}dovecote:sweeper:retention"
+        return bool(client.set(key, "1", nx=True, ex=interval))
+    except redis.RedisError:
+        return True
+
+
 def _retention(now: datetime, report: dict[str, int]) -> None:
+    if not _retention_due():
+        return
     purge = getattr(outbox_services, "outbound_messages_purge_payloads", None)
     if purge is not None:
         report["payloads_purged"] += int(purge() or 0)

@@ -21,6 +21,11 @@ from tests.reconciliation.factories import message_row, open_attempt, stored_upd
 NO_GRACE = {"DOVECOTE_REDISPATCH_GRACE_SECONDS": 0}
 
 
+@pytest.fixture(autouse=True)
+def _retention_every_sweep(settings) -> None:
+    settings.DOVECOTE_RETENTION_INTERVAL_SECONDS = 0
+
+
 def test_a_claim_whose_worker_died_before_the_request_is_released_and_redispatched(bot) -> None:
     message = message_row(bot, state=State.SENDING)
 
@@ -148,6 +153,16 @@ def test_dedupe_rows_are_kept_for_telegrams_24_hours_whatever_the_setting(bot) -
 def _other_session() -> psycopg.Connection:
     db = connection.settings_dict
     return psycopg.connect(host=db["HOST"], port=db["PORT"], user=db["USER"], dbname=db["NAME"], autocommit=True)
+
+
+@override_settings(DOVECOTE_RETENTION_INTERVAL_SECONDS=3600)
+def test_retention_runs_once_per_interval_not_every_tick(bot) -> None:
+    Effect.objects.create(key="eff:old:1", state=EffectState.DONE)
+    _age(Effect, Effect.objects.get(key="eff:old:1").pk, "created_at", 8)
+    assert sweep()["effects_pruned"] == 1
+    Effect.objects.create(key="eff:old:2", state=EffectState.DONE)
+    _age(Effect, Effect.objects.get(key="eff:old:2").pk, "created_at", 8)
+    assert sweep()["effects_pruned"] == 0  # next hour
 
 
 def test_a_second_sweeper_steps_aside_while_one_holds_the_lock(bot) -> None:
