@@ -31,7 +31,7 @@ def create_groups(apps, schema_editor):  # noqa: ANN001, ANN201
 
     # Permissions are normally created after all migrations; make them exist now.
     for app_config in apps.get_app_configs():
-        original = app_config.models_module
+        original = getattr(app_config, "models_module", None)
         app_config.models_module = original or True
         create_permissions(app_config, apps=apps, verbosity=0)
         app_config.models_module = original
