@@ -257,3 +257,22 @@ def test_pause_and_resume_a_bot_open_and_close_its_circuit_by_hand(bot, alice) -
     assert Circuit.objects.get(scope=scope).state == CircuitState.CLOSED
     assert list(AuditEntry.objects.order_by("pk").values_list("action", flat=True)) == ["circuit.pause",
                                                                                          "circuit.resume"]
+
+
+@pytest.mark.e2e
+def test_a_real_worker_releases_a_bulk_retry_from_the_bulk_queue_and_each_message_is_sent_once(
+    worker, sandbox, bot_factory
+) -> None:
+    from tests.support import wait_until
+
+    bot = bot_factory()
+    alice = persona("alice", "Operator")
+    letters = [failed_row(bot, chat_id=8000 + i) for i in range(15)]
+
+    bulk = triage.bulk_retry_start([x.pk for x in letters], alice, "gateway fixed")
+
+    wait_until(lambda: len(sandbox.sent_texts(token=bot.token)) == 15, timeout=30, message="15 resends")
+    bulk.refresh_from_db()
+    assert (bulk.state, bulk.batches, bulk.requeued) == (BulkState.DONE, [10, 5], 15)
+    for i in range(15):
+        assert sandbox.sent_texts(token=bot.token, chat_id=8000 + i) == ["hello"]
