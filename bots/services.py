@@ -17,6 +17,7 @@ from bots.models import Bot, ConsumerRun, InboundUpdate, UpdateState
 from outbox import circuits
 from outbox.logging import current_trace_id
 from outbox.models import Circuit, CircuitState, DeadLetter
+from outbox.publishing import publish
 from outbox.services import worker_id
 
 logger = logging.getLogger(__name__)
@@ -88,12 +89,7 @@ def inbox_update_store(*, bot: Bot, payload: dict[str, Any], trace_id: str | Non
 def dispatch_update(update_pk: int) -> bool:
     from bots.tasks import route_update
 
-    try:
-        route_update.apply_async((update_pk,), retry=False)
-    except Exception:  # noqa: BLE001 - broker down; the row is committed, the sweeper recovers
-        logger.warning("could not publish update %s; the sweeper will dispatch it", update_pk, exc_info=True)
-        return False
-    return True
+    return publish(route_update, (update_pk,), what=f"update {update_pk}")
 
 
 def dispatch_run(run_pk: int, *, countdown: float = 0.0) -> bool:
@@ -102,12 +98,7 @@ def dispatch_run(run_pk: int, *, countdown: float = 0.0) -> bool:
 
     if countdown > MAX_BROKER_COUNTDOWN_SECONDS:
         return False  # the sweeper dispatches it when due
-    try:
-        run_consumer.apply_async((run_pk,), countdown=countdown or None, retry=False)
-    except Exception:  # noqa: BLE001 - broker down; the sweeper recovers
-        logger.warning("could not publish consumer run %s; the sweeper will dispatch it", run_pk, exc_info=True)
-        return False
-    return True
+    return publish(run_consumer, (run_pk,), countdown=countdown, what=f"consumer run {run_pk}")
 
 
 def inbox_update_route(update_pk: int) -> list[int]:
