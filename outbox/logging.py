@@ -10,8 +10,9 @@ import re
 
 current_trace_id: contextvars.ContextVar[str] = contextvars.ContextVar("dovecote_trace_id", default="")
 
-# 123456789:AAH... - Telegram bot tokens, also inside URLs (/bot<token>/sendMessage).
-_TOKEN_RE = re.compile(r"\b\d{5,}:[A-Za-z0-9_-]{20,}")
+# 123456789:AAH... - Telegram bot tokens, also inside URLs (/bot<token>/sendMessage, where no
+# word boundary precedes the digits).
+_TOKEN_RE = re.compile(r"(?<!\d)\d{5,}:[A-Za-z0-9_-]{20,}")
 # +7 912 345-67-89, 89123456789, (555) 123-4567 ...
 _PHONE_RE = re.compile(r"(?<![\w.])\+?\d[\d\s().-]{8,}\d\b")
 # "text": "...", 'caption': '...', text=...

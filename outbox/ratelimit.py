@@ -34,7 +34,7 @@ def _limiter() -> MovingWindowRateLimiter:
 
 
 @cache
-def _redis():  # noqa: ANN202 - redis.Redis, imported lazily
+def _redis():
     import redis
 
     return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
@@ -111,7 +111,7 @@ _local_slots: dict[int, float] = {}
 
 
 @cache
-def _reserve_script():  # noqa: ANN202 - redis Script
+def _reserve_script():
     return _redis().register_script(_RESERVE_LUA)
 
 
@@ -200,6 +200,7 @@ def reset() -> None:
         _local_pauses.clear()
         _local_slots.clear()
     if settings.REDIS_URL:
-        for pattern in (f"{settings.DOVECOTE_REDIS_PREFIX}dovecote:flood:*", f"{settings.DOVECOTE_REDIS_PREFIX}dovecote:slot:*"):
+        prefix = settings.DOVECOTE_REDIS_PREFIX
+        for pattern in (f"{prefix}dovecote:flood:*", f"{prefix}dovecote:slot:*"):
             for key in _redis().scan_iter(pattern):
                 _redis().delete(key)

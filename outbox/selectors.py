@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
-from django.db.models import Q, QuerySet
+from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from outbox.models import OutboundMessage, State
@@ -24,6 +24,21 @@ def outbound_messages_stuck(*, limit: int = 500) -> QuerySet[OutboundMessage]:
     )[:limit]
 
 
+def _earlier_open(now: datetime) -> Q:
+    return Q(state__in=[State.RETRY, State.SENDING]) | (
+        Q(state=State.PENDING) & (Q(send_at__isnull=True) | Q(send_at__lte=now))
+    )
+
+
+def earlier_open_message_exists_expression(now: datetime) -> Exists:
+    """`earlier_open_message_exists` as an annotation on OutboundMessage (uses outbox_open_chat_idx)."""
+    return Exists(
+        OutboundMessage.objects.filter(
+            bot_id=OuterRef("bot_id"), chat_id=OuterRef("chat_id"), id__lt=OuterRef("id"), ordered=True
+        ).filter(_earlier_open(now))
+    )
+
+
 def earlier_open_message_exists(message: OutboundMessage) -> bool:
     """True when an earlier ordered message to the same chat still waits, retries or sends.
 
@@ -35,10 +50,7 @@ def earlier_open_message_exists(message: OutboundMessage) -> bool:
     earlier = OutboundMessage.objects.filter(
         bot_id=message.bot_id, chat_id=message.chat_id, id__lt=message.pk, ordered=True
     )
-    return earlier.filter(
-        Q(state__in=[State.RETRY, State.SENDING])
-        | (Q(state=State.PENDING) & (Q(send_at__isnull=True) | Q(send_at__lte=now)))
-    ).exists()
+    return earlier.filter(_earlier_open(now)).exists()
 
 
 def next_open_message_in_chat(*, bot_id: int, chat_id: int) -> int | None:

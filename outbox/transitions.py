@@ -25,12 +25,14 @@ from outbox.telegram import CallOutcome
 WAITING = [State.PENDING, State.RETRY]
 
 
-def claim(message_id: int, *, worker: str, lease: timedelta) -> bool:
-    """pending|retry -> sending. False when another worker got there first or it is not due."""
+def claim(message_id: int, *, worker: str, lease: timedelta, unchanged_since: datetime | None = None) -> bool:
+    """pending|retry -> sending. False when another worker got there first or it is not due;
+    with `unchanged_since`, also False when the row was updated after that time."""
     now = timezone.now()
-    n = OutboundMessage.objects.filter(pk=message_id, state__in=WAITING, next_attempt_at__lte=now).update(
-        state=State.SENDING, lease_owner=worker, lease_expires_at=now + lease, updated_at=now
-    )
+    rows = OutboundMessage.objects.filter(pk=message_id, state__in=WAITING, next_attempt_at__lte=now)
+    if unchanged_since is not None:
+        rows = rows.filter(updated_at=unchanged_since)
+    n = rows.update(state=State.SENDING, lease_owner=worker, lease_expires_at=now + lease, updated_at=now)
     return n == 1
 
 

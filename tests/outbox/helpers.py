@@ -16,9 +16,15 @@ _keys = count(1)
 STOP = {"circuit-open", "circuit-opened", "waiting-for-earlier", "not-waiting"}
 
 
-def enqueue(bot: Any, *, chat_id: int = 42, text: str = "hello", key: str | None = None, **kw: Any) -> OutboundMessage:
+def enqueue(
+    bot: Any, *, chat_id: int = 42, text: str = "hello", key: str | None = None, **kw: Any
+) -> OutboundMessage:
     message, _ = services.outbound_message_enqueue(
-        bot_id=bot.pk, chat_id=chat_id, payload={"text": text}, idempotency_key=f"k{next(_keys)}" if key is None else key, **kw
+        bot_id=bot.pk,
+        chat_id=chat_id,
+        payload={"text": text},
+        idempotency_key=f"k{next(_keys)}" if key is None else key,
+        **kw,
     )
     return message
 

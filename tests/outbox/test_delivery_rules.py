@@ -22,7 +22,7 @@ def veto_stale(message: OutboundMessage) -> str:
 
 
 @pytest.fixture
-def no_limits(settings) -> None:  # noqa: ANN001
+def no_limits(settings) -> None:
     settings.DOVECOTE_RATE_LIMITS_ENABLED = False
     settings.DOVECOTE_RETRY_BASE_SECONDS = 0.05
     settings.DOVECOTE_RETRY_MAX_SECONDS = 0.2
@@ -32,7 +32,7 @@ def no_limits(settings) -> None:  # noqa: ANN001
 
 
 @pytest.mark.django_db
-def test_the_same_key_twice_makes_one_row_and_one_message(bot, sandbox) -> None:  # noqa: ANN001
+def test_the_same_key_twice_makes_one_row_and_one_message(bot, sandbox) -> None:
     first, created_first = services.outbound_message_enqueue(
         bot_id=bot.pk, chat_id=7, payload={"text": "pressed"}, idempotency_key="button:42"
     )
@@ -49,7 +49,7 @@ def test_the_same_key_twice_makes_one_row_and_one_message(bot, sandbox) -> None:
 
 
 @pytest.mark.django_db
-def test_an_idempotency_key_must_be_1_to_255_characters(bot) -> None:  # noqa: ANN001
+def test_an_idempotency_key_must_be_1_to_255_characters(bot) -> None:
     for key in ["", "x" * 256]:
         with pytest.raises(services.MessageRejected):
             enqueue(bot, key=key)
@@ -59,7 +59,7 @@ def test_an_idempotency_key_must_be_1_to_255_characters(bot) -> None:  # noqa: A
 
 
 @pytest.mark.django_db
-def test_a_message_is_not_sent_before_its_send_at(bot, sandbox) -> None:  # noqa: ANN001
+def test_a_message_is_not_sent_before_its_send_at(bot, sandbox) -> None:
     send_at = timezone.now() + timedelta(seconds=1.2)
     message = enqueue(bot, send_at=send_at)
 
@@ -73,7 +73,7 @@ def test_a_message_is_not_sent_before_its_send_at(bot, sandbox) -> None:  # noqa
 
 
 @pytest.mark.django_db
-def test_an_expired_message_is_cancelled_with_its_reason_and_never_sent(bot, sandbox) -> None:  # noqa: ANN001
+def test_an_expired_message_is_cancelled_with_its_reason_and_never_sent(bot, sandbox) -> None:
     message = enqueue(bot, expires_at=timezone.now() + timedelta(milliseconds=100))
     time.sleep(0.15)
 
@@ -86,7 +86,7 @@ def test_an_expired_message_is_cancelled_with_its_reason_and_never_sent(bot, san
 
 
 @pytest.mark.django_db
-def test_cancel_works_while_pending_and_is_refused_once_sent(bot, sandbox) -> None:  # noqa: ANN001
+def test_cancel_works_while_pending_and_is_refused_once_sent(bot, sandbox) -> None:
     waiting = enqueue(bot, chat_id=1)
     sent = enqueue(bot, chat_id=2)
     drive(sent.pk)
@@ -102,7 +102,7 @@ def test_cancel_works_while_pending_and_is_refused_once_sent(bot, sandbox) -> No
 
 
 @pytest.mark.django_db
-def test_the_relevance_check_vetoes_a_send_and_the_reason_is_kept(bot, sandbox, settings) -> None:  # noqa: ANN001
+def test_the_relevance_check_vetoes_a_send_and_the_reason_is_kept(bot, sandbox, settings) -> None:
     settings.DOVECOTE_RELEVANCE_CHECK = "tests.outbox.test_delivery_rules.veto_stale"
     reminder = enqueue(bot, chat_id=1, text="Pay your order #7")
     greeting = enqueue(bot, chat_id=2, text="Hello")
@@ -122,7 +122,7 @@ def test_the_relevance_check_vetoes_a_send_and_the_reason_is_kept(bot, sandbox, 
 
 @pytest.mark.django_db
 @pytest.mark.usefixtures("no_limits")
-def test_a_later_message_never_overtakes_an_earlier_one_that_is_retrying(bot, sandbox) -> None:  # noqa: ANN001
+def test_a_later_message_never_overtakes_an_earlier_one_that_is_retrying(bot, sandbox) -> None:
     sandbox.fault("5xx", count=1, token=bot.token)
     answer = enqueue(bot, chat_id=5, text="the answer")
     follow_up = enqueue(bot, chat_id=5, text="the follow-up")
@@ -137,7 +137,7 @@ def test_a_later_message_never_overtakes_an_earlier_one_that_is_retrying(bot, sa
 
 @pytest.mark.django_db
 @pytest.mark.usefixtures("no_limits")
-def test_an_unordered_message_does_not_wait_for_the_chat(bot, sandbox) -> None:  # noqa: ANN001
+def test_an_unordered_message_does_not_wait_for_the_chat(bot, sandbox) -> None:
     sandbox.fault("5xx", count=1, token=bot.token)
     answer = enqueue(bot, chat_id=5, text="the answer")
     notice = enqueue(bot, chat_id=5, text="independent notice", ordered=False)
@@ -152,7 +152,7 @@ def test_an_unordered_message_does_not_wait_for_the_chat(bot, sandbox) -> None: 
 @pytest.mark.django_db
 @pytest.mark.usefixtures("no_limits")
 @pytest.mark.parametrize(("fault", "state"), [("403", State.FAILED), ("drop_after_deliver", State.UNKNOWN)])
-def test_a_dead_lettered_or_unknown_earlier_message_does_not_block_the_chat(bot, sandbox, fault, state) -> None:  # noqa: ANN001
+def test_a_dead_lettered_or_unknown_earlier_message_does_not_block_the_chat(bot, sandbox, fault, state) -> None:
     sandbox.fault(fault, count=1, token=bot.token)
     doomed = enqueue(bot, chat_id=9, text="first")
     later = enqueue(bot, chat_id=9, text="second")
@@ -167,7 +167,7 @@ def test_a_dead_lettered_or_unknown_earlier_message_does_not_block_the_chat(bot,
 # --- races and the shared limiter (real threads, each with its own DB connection) ---------------
 
 
-def _in_threads(n: int, target, *args) -> list:  # noqa: ANN001
+def _in_threads(n: int, target, *args) -> list:
     results: list = [None] * n
     barrier = threading.Barrier(n)
 
@@ -188,7 +188,7 @@ def _in_threads(n: int, target, *args) -> list:  # noqa: ANN001
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("no_limits")
-def test_two_workers_racing_for_one_message_send_it_once(bot, sandbox) -> None:  # noqa: ANN001
+def test_two_workers_racing_for_one_message_send_it_once(bot, sandbox) -> None:
     messages = [enqueue(bot, chat_id=100 + i, text=f"race {i}") for i in range(10)]
 
     def worker(i: int) -> list[str]:
@@ -202,7 +202,7 @@ def test_two_workers_racing_for_one_message_send_it_once(bot, sandbox) -> None: 
     assert all(m.attempts == 1 for m in OutboundMessage.objects.filter(bot=bot))
 
 
-def warm_up(bot) -> None:  # noqa: ANN001
+def warm_up(bot) -> None:
     """Open the bot's HTTP connection first, so that its set-up does not skew arrival times."""
     assert telegram.call(token=bot.token, base_url=bot.api_base_url, method="getMe", params={}).ok
 
@@ -213,7 +213,7 @@ def _max_in_window(times: list[float], span: float) -> int:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_per_bot_limit_is_shared_by_concurrent_workers(bot_factory, sandbox) -> None:  # noqa: ANN001
+def test_the_per_bot_limit_is_shared_by_concurrent_workers(bot_factory, sandbox) -> None:
     bot = bot_factory(rate_limit=5)
     warm_up(bot)
     messages = [enqueue(bot, chat_id=300 + i, text=f"n{i}", ordered=False) for i in range(12)]
@@ -227,7 +227,7 @@ def test_the_per_bot_limit_is_shared_by_concurrent_workers(bot_factory, sandbox)
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_per_chat_limit_is_shared_by_concurrent_workers(bot_factory, sandbox) -> None:  # noqa: ANN001
+def test_the_per_chat_limit_is_shared_by_concurrent_workers(bot_factory, sandbox) -> None:
     bot = bot_factory(rate_limit=30)
     warm_up(bot)
     messages = [enqueue(bot, chat_id=777, text=f"n{i}", ordered=False) for i in range(3)]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from outbox import services
@@ -13,12 +15,12 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture(autouse=True)
-def _fast_backoff(settings) -> None:  # noqa: ANN001
+def _fast_backoff(settings) -> None:
     settings.DOVECOTE_RETRY_BASE_SECONDS = 0.05
     settings.DOVECOTE_RETRY_MAX_SECONDS = 0.2
 
 
-def test_a_429_is_honoured_to_the_second_and_pauses_the_whole_bot(bot, sandbox) -> None:  # noqa: ANN001
+def test_a_429_is_honoured_to_the_second_and_pauses_the_whole_bot(bot, sandbox) -> None:
     sandbox.fault("429", retry_after=2, count=1, token=bot.token)
     alice = enqueue(bot, chat_id=1001, text="to alice")
     bob = enqueue(bot, chat_id=1002, text="to bob")
@@ -47,7 +49,7 @@ def test_a_429_is_honoured_to_the_second_and_pauses_the_whole_bot(bot, sandbox) 
     assert bob.attempts == 1
 
 
-def test_a_5xx_is_retried_with_backoff_and_then_sent(bot, sandbox) -> None:  # noqa: ANN001
+def test_a_5xx_is_retried_with_backoff_and_then_sent(bot, sandbox) -> None:
     sandbox.fault("5xx", status=502, count=2, token=bot.token)
     message = enqueue(bot, text="eventually")
 
@@ -58,12 +60,12 @@ def test_a_5xx_is_retried_with_backoff_and_then_sent(bot, sandbox) -> None:  # n
         (ErrorClass.TRANSIENT, 502), (ErrorClass.TRANSIENT, 502), ("ok", 200)
     ]
     ats = [c["at"] for c in sandbox.calls(token=bot.token)]
-    assert all(b - a >= 0.005 for a, b in zip(ats, ats[1:], strict=False))
+    assert all(b - a >= 0.005 for a, b in itertools.pairwise(ats))
     assert sandbox.sent_texts(token=bot.token) == ["eventually"]
     assert not DeadLetter.objects.exists()
 
 
-def test_a_message_that_exhausts_its_budget_is_failed_with_a_dead_letter(bot, sandbox) -> None:  # noqa: ANN001
+def test_a_message_that_exhausts_its_budget_is_failed_with_a_dead_letter(bot, sandbox) -> None:
     sandbox.fault("5xx", status=503, token=bot.token)
     message = enqueue(bot, text="never", max_attempts=3)
 
@@ -78,7 +80,7 @@ def test_a_message_that_exhausts_its_budget_is_failed_with_a_dead_letter(bot, sa
     assert "Service Unavailable" in letter.first_error
 
 
-def test_a_refused_connection_is_transient_because_nothing_was_sent(bot_factory) -> None:  # noqa: ANN001
+def test_a_refused_connection_is_transient_because_nothing_was_sent(bot_factory) -> None:
     bot = bot_factory(api_base_url="http://127.0.0.1:9")
     message = enqueue(bot)
 
@@ -90,7 +92,7 @@ def test_a_refused_connection_is_transient_because_nothing_was_sent(bot_factory)
 
 
 @pytest.mark.parametrize(("fault", "status"), [("400", 400), ("403", 403)])
-def test_a_permanent_error_is_dead_lettered_at_once(bot, sandbox, fault, status) -> None:  # noqa: ANN001
+def test_a_permanent_error_is_dead_lettered_at_once(bot, sandbox, fault, status) -> None:
     sandbox.fault(fault, token=bot.token)
     message = enqueue(bot)
 
@@ -103,7 +105,7 @@ def test_a_permanent_error_is_dead_lettered_at_once(bot, sandbox, fault, status)
     assert len(sandbox.calls(token=bot.token)) == 1
 
 
-def test_a_401_opens_the_bots_circuit_and_keeps_its_queue(bot, sandbox) -> None:  # noqa: ANN001
+def test_a_401_opens_the_bots_circuit_and_keeps_its_queue(bot, sandbox) -> None:
     sandbox.fault("401", token=bot.token)
     messages = [enqueue(bot, chat_id=2000 + i) for i in range(3)]
 
@@ -124,7 +126,7 @@ def test_a_401_opens_the_bots_circuit_and_keeps_its_queue(bot, sandbox) -> None:
     assert len(sandbox.calls(token=bot.token)) == 1
 
 
-def test_a_migrated_chat_is_followed_and_the_message_sent_once(bot, sandbox, settings) -> None:  # noqa: ANN001
+def test_a_migrated_chat_is_followed_and_the_message_sent_once(bot, sandbox, settings) -> None:
     settings.DOVECOTE_RATE_LIMITS_ENABLED = False
     sandbox.fault("migrate", migrate_to_chat_id=-100123, chat_id=-555, token=bot.token)
     first = enqueue(bot, chat_id=-555, text="first")
@@ -140,7 +142,7 @@ def test_a_migrated_chat_is_followed_and_the_message_sent_once(bot, sandbox, set
     assert list(first.attempt_set.values_list("outcome", flat=True)) == [ErrorClass.MIGRATED, "ok"]
 
 
-def test_an_answer_lost_after_delivery_makes_the_message_unknown_and_never_resent(bot, sandbox) -> None:  # noqa: ANN001
+def test_an_answer_lost_after_delivery_makes_the_message_unknown_and_never_resent(bot, sandbox) -> None:
     sandbox.fault("drop_after_deliver", count=1, token=bot.token)
     message = enqueue(bot, text="did it arrive?")
 
@@ -155,7 +157,7 @@ def test_an_answer_lost_after_delivery_makes_the_message_unknown_and_never_resen
     assert sandbox.sent_texts(token=bot.token) == ["did it arrive?"]
 
 
-def test_a_slow_answer_past_the_read_timeout_is_unknown_not_resent(bot_factory, sandbox, settings) -> None:  # noqa: ANN001
+def test_a_slow_answer_past_the_read_timeout_is_unknown_not_resent(bot_factory, sandbox, settings) -> None:
     settings.DOVECOTE_TELEGRAM_READ_TIMEOUT = 0.3
     bot = bot_factory()  # a new token: its HTTP client is built with the short timeout
     sandbox.fault("slow", delay=1.0, count=1, token=bot.token)

@@ -1,0 +1,134 @@
+"""Shared plumbing for the outbox benchmarks: a private database, Redis prefix and queues,
+the Bot API sandbox and a Celery worker as subprocesses (stopped by PID, never by name)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def psql(sql: str) -> None:
+    subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc", sql], check=True, capture_output=True)
+
+
+def bench_env(db: str, **overrides: str) -> dict[str, str]:
+    env = {
+        **os.environ,
+        "DEBUG": "1",
+        "LOG_LEVEL": "WARNING",
+        "DJANGO_SETTINGS_MODULE": "project.settings",
+        "DATABASE_URL": f"postgres://postgres@127.0.0.1:5432/{db}",
+        "REDIS_URL": "redis://127.0.0.1:6379/14",
+        "DOVECOTE_REDIS_PREFIX": f"{db}:",
+        "DOVECOTE_QUEUE_PREFIX": f"{db}.",
+        "PYTHONUNBUFFERED": "1",
+    }
+    env.update(overrides)
+    return env
+
+
+def setup_database(db: str, env: dict[str, str]) -> None:
+    psql(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+    psql(f"CREATE DATABASE {db}")
+    subprocess.run([str(BIN / "python"), "manage.py", "migrate", "-v0"], cwd=ROOT, env=env, check=True)
+
+
+def drop_database(db: str) -> None:
+    psql(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+
+
+def django_setup(env: dict[str, str]) -> None:
+    os.environ.update(env)
+    sys.path.insert(0, str(ROOT))
+    import django
+
+    django.setup()
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+class Proc:
+    """A subprocess in its own process group, logging to a temporary file."""
+
+    def __init__(self, name: str, args: list[str], env: dict[str, str]) -> None:
+        self.name = name
+        self.log_path = Path(tempfile.mkstemp(prefix=f"bench-{name}-", suffix=".log")[1])
+        self._log = self.log_path.open("wb")
+        self.proc = subprocess.Popen(
+            args, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    def log(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self._log.close()
+
+
+def start_sandbox(env: dict[str, str], *extra: str) -> tuple[Proc, str]:
+    port = free_port()
+    proc = Proc("sandbox", [str(BIN / "python"), "-m", "bots.sandbox.server", "--port", str(port), *extra], env)
+    url = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        try:
+            return httpx.get(f"{url}/sandbox/health", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_until(up, 15, "the sandbox")
+    return proc, url
+
+
+def start_worker(env: dict[str, str], *, pool: str, concurrency: int, prefetch: int = 1) -> Proc:
+    """A worker at log level warning (per-task info lines would cost as much as the work);
+    callers find it ready by sending a warm-up message through it."""
+    prefix = env["DOVECOTE_QUEUE_PREFIX"]
+    args = [
+        str(BIN / "celery"), "-A", "project", "worker", "-l", "warning",
+        "-Q", f"{prefix}dovecote,{prefix}dovecote.bulk",
+        "-P", pool, "-c", str(concurrency), "-n", f"bench-{os.getpid()}@%h",
+        "--without-gossip", "--without-mingle", "--without-heartbeat", "--prefetch-multiplier", str(prefetch),
+    ]
+    return Proc("worker", args, env)
+
+
+def sandbox_calls(url: str, token: str) -> list[dict[str, Any]]:
+    response = httpx.get(f"{url}/sandbox/calls", params={"token": token}, timeout=60)
+    return response.json()["calls"]

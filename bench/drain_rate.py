@@ -1,0 +1,112 @@
+"""Drain rate: messages/s from the outbox to a zero-latency Bot API sandbox, against a bare
+loop that calls python-telegram-bot directly with no database (the cost of durability).
+
+Rate limits off (DOVECOTE_RATE_LIMITS_ENABLED=0), one Celery worker. Not a test: figures go
+to docs/PERFORMANCE.md.
+
+    .venv/bin/python bench/drain_rate.py [--messages 3000] [--pool prefork] [--concurrency 4]
+
+Needs PostgreSQL and Redis on 127.0.0.1; creates and drops the database dovecote_bench.
+The sandbox runs as its own process; its HTTP server and the worker share the 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+
+import _common as c
+
+DB = "dovecote_bench"
+
+
+def bare_loop(url: str, token: str, n: int) -> float:
+    """The same sends, one after another, straight through python-telegram-bot."""
+    import telegram
+    from telegram.request import HTTPXRequest
+
+    async def run() -> float:
+        bot = telegram.Bot(token, base_url=f"{url}/bot", request=HTTPXRequest(connection_pool_size=8))
+        async with bot:
+            await bot.send_message(chat_id=1, text="warm-up")
+            start = time.perf_counter()
+            for i in range(n):
+                await bot.send_message(chat_id=10_000 + i, text=f"bare {i}")
+            return time.perf_counter() - start
+
+    return n / asyncio.run(run())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--messages", type=int, default=3000)
+    parser.add_argument("--pool", default="prefork")
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--prefetch", type=int, default=1, help="worker --prefetch-multiplier")
+    parser.add_argument("--keep", action="store_true", help="keep the database for inspection")
+    args = parser.parse_args()
+
+    env = c.bench_env(DB, DOVECOTE_RATE_LIMITS_ENABLED="0")
+    c.setup_database(DB, env)
+    c.django_setup(env)
+    from django.utils import timezone
+
+    from bots.models import Bot
+    from outbox import services
+    from outbox.models import Attempt, OutboundMessage, State
+
+    procs: list[c.Proc] = []
+    try:
+        sandbox, url = c.start_sandbox(env)
+        procs.append(sandbox)
+        bare = bare_loop(url, "200001:bare-loop-token-abcdefghijklmnopqrstuvwxyz", args.messages)
+
+        bot = Bot.objects.create(name="bench", token="200002:bench-token-abcdefghijklmnopqrstuvwxyz", api_base_url=url)
+        procs.append(c.start_worker(env, pool=args.pool, concurrency=args.concurrency, prefetch=args.prefetch))
+        warm, _ = services.outbound_message_enqueue(
+            bot_id=bot.pk, chat_id=1, payload={"text": "warm-up"}, idempotency_key="warm-up"
+        )
+        c.wait_until(lambda: OutboundMessage.objects.filter(pk=warm.pk, state=State.SENT).exists(), 60, "warm-up")
+
+        now = timezone.now()
+        OutboundMessage.objects.bulk_create(
+            [
+                OutboundMessage(
+                    bot=bot, chat_id=10_000 + i, payload={"text": f"outbox {i}"}, idempotency_key=f"drain:{i}",
+                    next_attempt_at=now,
+                )
+                for i in range(args.messages)
+            ],
+            batch_size=1000,
+        )
+        ids = list(OutboundMessage.objects.filter(idempotency_key__startswith="drain:").values_list("pk", flat=True))
+        for pk in ids:
+            services.dispatch(pk)
+        c.wait_until(
+            lambda: OutboundMessage.objects.filter(pk__in=ids, state=State.SENT).count() == len(ids),
+            600, "the outbox to drain", interval=0.5,
+        )
+        attempts = Attempt.objects.filter(message_id__in=ids).order_by("started_at")
+        first = attempts.values_list("started_at", flat=True)[0]
+        last = OutboundMessage.objects.filter(pk__in=ids).order_by("-sent_at").values_list("sent_at", flat=True)[0]
+        outbox = len(ids) / (last - first).total_seconds()
+        calls = len(c.sandbox_calls(url, bot.token))
+        print(f"messages           {args.messages}")
+        print(f"worker             -P {args.pool} -c {args.concurrency} --prefetch-multiplier {args.prefetch}")
+        print(f"bare PTB loop      {bare:8.1f} msg/s")
+        print(f"outbox (1 worker)  {outbox:8.1f} msg/s")
+        print(f"ratio              {outbox / bare:8.2f}   (aim >= 0.5)")
+        print(f"sandbox calls      {calls} for {len(ids) + 1} messages (duplicates: {calls - len(ids) - 1})")
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+        from django.db import connections
+
+        connections.close_all()
+        if not args.keep:
+            c.drop_database(DB)
+
+
+if __name__ == "__main__":
+    main()
