@@ -1,0 +1,89 @@
+"""Broadcast efficiency: 3,000 chats through the outbox with the sandbox enforcing a per-bot
+limit L (real 429s above it) and the bot configured to L. Reports the achieved rate / L and
+the number of 429s received. Not a test: figures go to docs/PERFORMANCE.md.
+
+    .venv/bin/python bench/broadcast.py [--chats 3000] [--limit 100] [--concurrency 4]
+
+Needs PostgreSQL and Redis on 127.0.0.1; creates and drops the database dovecote_bench.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import _common as c
+
+DB = "dovecote_bench"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--chats", type=int, default=3000)
+    parser.add_argument("--limit", type=int, default=100, help="L: the sandbox's and the bot's messages/s")
+    parser.add_argument("--pool", default="prefork")
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--prefetch", type=int, default=4)
+    args = parser.parse_args()
+
+    env = c.bench_env(DB)
+    c.setup_database(DB, env)
+    c.django_setup(env)
+    from bots.models import Bot
+    from outbox import services
+    from outbox.models import OutboundMessage, State
+
+    procs: list[c.Proc] = []
+    try:
+        sandbox, url = c.start_sandbox(env, "--bot-rate", str(args.limit))
+        procs.append(sandbox)
+        bot = Bot.objects.create(
+            name="bench", token="200003:broadcast-token-abcdefghijklmnopqrstuvwxyz", api_base_url=url,
+            rate_limit=args.limit,
+        )
+        procs.append(c.start_worker(env, pool=args.pool, concurrency=args.concurrency, prefetch=args.prefetch))
+        warm, _ = services.outbound_message_enqueue(
+            bot_id=bot.pk, chat_id=1, payload={"text": "warm-up"}, idempotency_key="warm-up"
+        )
+        c.wait_until(lambda: OutboundMessage.objects.filter(pk=warm.pk, state=State.SENT).exists(), 60, "warm-up")
+        time.sleep(1.1)  # let the warm-up leave the sandbox's 1 s window
+
+        started = time.monotonic()
+        result = services.broadcast_enqueue(
+            bot_id=bot.pk,
+            chat_ids=list(range(100_000, 100_000 + args.chats)),
+            payload={"text": "Our summer sale starts now"},
+            broadcast_key="summer-sale",
+        )
+        enqueue_seconds = time.monotonic() - started
+        ids = result.message_ids
+        c.wait_until(
+            lambda: OutboundMessage.objects.filter(pk__in=ids, state__in=[State.SENT, State.FAILED]).count()
+            == len(ids),
+            args.chats / args.limit * 3 + 60, "the broadcast to drain", interval=0.5,
+        )
+        calls = [x for x in c.sandbox_calls(url, bot.token) if x["method"] == "sendMessage"][1:]
+        delivered = sorted(x["at"] for x in calls if x["delivered"])
+        refused = sum(1 for x in calls if x["status"] == 429)
+        span = delivered[-1] - delivered[0]
+        rate = (len(delivered) - 1) / span
+        sent = OutboundMessage.objects.filter(pk__in=ids, state=State.SENT).count()
+        print(f"chats              {args.chats}")
+        print(f"limit L            {args.limit}/s (sandbox per-bot limit; bot.rate_limit={args.limit})")
+        print(f"worker             -P {args.pool} -c {args.concurrency} --prefetch-multiplier {args.prefetch}")
+        print(f"enqueue            {enqueue_seconds:.2f} s for {len(ids)} rows (+ {len(ids)} task publishes)")
+        print(f"sent               {sent}/{len(ids)} in {span:.1f} s")
+        print(f"achieved rate      {rate:.1f} msg/s = {rate / args.limit:.3f} L   (aim >= 0.9)")
+        print(f"429s received      {refused}   (aim 0)")
+        print(f"duplicates         {len(delivered) - sent}")
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+        from django.db import connections
+
+        connections.close_all()
+        c.drop_database(DB)
+
+
+if __name__ == "__main__":
+    main()
