@@ -121,10 +121,25 @@ def start_worker(env: dict[str, str], *, pool: str, concurrency: int, prefetch: 
     callers find it ready by sending a warm-up message through it."""
     prefix = env["DOVECOTE_QUEUE_PREFIX"]
     args = [
-        str(BIN / "celery"), "-A", "project", "worker", "-l", "warning",
-        "-Q", f"{prefix}dovecote,{prefix}dovecote.bulk",
-        "-P", pool, "-c", str(concurrency), "-n", f"bench-{os.getpid()}@%h",
-        "--without-gossip", "--without-mingle", "--without-heartbeat", "--prefetch-multiplier", str(prefetch),
+        str(BIN / "celery"),
+        "-A",
+        "project",
+        "worker",
+        "-l",
+        "warning",
+        "-Q",
+        f"{prefix}dovecote,{prefix}dovecote.bulk",
+        "-P",
+        pool,
+        "-c",
+        str(concurrency),
+        "-n",
+        f"bench-{os.getpid()}@%h",
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
+        "--prefetch-multiplier",
+        str(prefetch),
     ]
     return Proc("worker", args, env)
 

@@ -38,7 +38,9 @@ def main() -> None:
         sandbox, url = c.start_sandbox(env, "--bot-rate", str(args.limit))
         procs.append(sandbox)
         bot = Bot.objects.create(
-            name="bench", token="200003:broadcast-token-abcdefghijklmnopqrstuvwxyz", api_base_url=url,
+            name="bench",
+            token="200003:broadcast-token-abcdefghijklmnopqrstuvwxyz",
+            api_base_url=url,
             rate_limit=args.limit,
         )
         procs.append(c.start_worker(env, pool=args.pool, concurrency=args.concurrency, prefetch=args.prefetch))
@@ -60,7 +62,9 @@ def main() -> None:
         c.wait_until(
             lambda: OutboundMessage.objects.filter(pk__in=ids, state__in=[State.SENT, State.FAILED]).count()
             == len(ids),
-            args.chats / args.limit * 3 + 60, "the broadcast to drain", interval=0.5,
+            args.chats / args.limit * 3 + 60,
+            "the broadcast to drain",
+            interval=0.5,
         )
         calls = [x for x in c.sandbox_calls(url, bot.token) if x["method"] == "sendMessage"][1:]
         delivered = sorted(x["at"] for x in calls if x["delivered"])

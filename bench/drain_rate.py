@@ -73,7 +73,10 @@ def main() -> None:
         OutboundMessage.objects.bulk_create(
             [
                 OutboundMessage(
-                    bot=bot, chat_id=10_000 + i, payload={"text": f"outbox {i}"}, idempotency_key=f"drain:{i}",
+                    bot=bot,
+                    chat_id=10_000 + i,
+                    payload={"text": f"outbox {i}"},
+                    idempotency_key=f"drain:{i}",
                     next_attempt_at=now,
                 )
                 for i in range(args.messages)
@@ -85,7 +88,9 @@ def main() -> None:
             services.dispatch(pk)
         c.wait_until(
             lambda: OutboundMessage.objects.filter(pk__in=ids, state=State.SENT).count() == len(ids),
-            600, "the outbox to drain", interval=0.5,
+            600,
+            "the outbox to drain",
+            interval=0.5,
         )
         attempts = Attempt.objects.filter(message_id__in=ids).order_by("started_at")
         first = attempts.values_list("started_at", flat=True)[0]

@@ -104,8 +104,14 @@ def run(args: argparse.Namespace) -> dict[int, dict[str, float]]:
     call_command("migrate", verbosity=0)
     bot = Bot.objects.create(name="bench", token="123456:AAbench-token-abcdefghijklmnopqrstuvwxyz", rate_limit=30)
     template = OutboundMessage.objects.create(
-        bot=bot, chat_id=1, idempotency_key="template", payload={"text": "Your order is confirmed, thank you!"},
-        state=State.SENT, sent_at=timezone.now(), next_attempt_at=timezone.now(), attempts=1,
+        bot=bot,
+        chat_id=1,
+        idempotency_key="template",
+        payload={"text": "Your order is confirmed, thank you!"},
+        state=State.SENT,
+        sent_at=timezone.now(),
+        next_attempt_at=timezone.now(),
+        attempts=1,
     )
     columns = [f.column for f in OutboundMessage._meta.concrete_fields if not f.primary_key]
     overrides = {
@@ -121,7 +127,7 @@ def run(args: argparse.Namespace) -> dict[int, dict[str, float]]:
         select = ", ".join(overrides.get(c, f'"{c}"') for c in columns)
         with connection.cursor() as cursor:
             cursor.execute(
-                f'INSERT INTO outbox_outboundmessage ({", ".join(columns)}) '
+                f"INSERT INTO outbox_outboundmessage ({', '.join(columns)}) "
                 f"SELECT {select} FROM outbox_outboundmessage, generate_series(1, %(n)s) AS g "
                 "WHERE outbox_outboundmessage.id = %(template)s",
                 {"n": upto - have, "offset": have, "template": template.pk},
@@ -137,13 +143,29 @@ def run(args: argparse.Namespace) -> dict[int, dict[str, float]]:
         rows = []
         for _ in range(50):
             live_keys += 1
-            rows.append(OutboundMessage(bot=bot, chat_id=live_keys, idempotency_key=f"live-{live_keys}",
-                                        payload={"text": "hi"}, next_attempt_at=now - timedelta(minutes=5)))
+            rows.append(
+                OutboundMessage(
+                    bot=bot,
+                    chat_id=live_keys,
+                    idempotency_key=f"live-{live_keys}",
+                    payload={"text": "hi"},
+                    next_attempt_at=now - timedelta(minutes=5),
+                )
+            )
         for _ in range(20):
             live_keys += 1
-            rows.append(OutboundMessage(bot=bot, chat_id=live_keys, idempotency_key=f"live-{live_keys}",
-                                        payload={"text": "hi"}, state=State.SENDING, next_attempt_at=now,
-                                        lease_owner="dead:1", lease_expires_at=now - timedelta(seconds=5)))
+            rows.append(
+                OutboundMessage(
+                    bot=bot,
+                    chat_id=live_keys,
+                    idempotency_key=f"live-{live_keys}",
+                    payload={"text": "hi"},
+                    state=State.SENDING,
+                    next_attempt_at=now,
+                    lease_owner="dead:1",
+                    lease_expires_at=now - timedelta(seconds=5),
+                )
+            )
         OutboundMessage.objects.bulk_create(rows)
 
     def finish_live() -> None:
@@ -173,8 +195,16 @@ def run(args: argparse.Namespace) -> dict[int, dict[str, float]]:
             print(f"  idle step {step.__name__}: {ms(statistics.median(times))}ms", flush=True)
         now = timezone.now()
         due = OutboundMessage.objects.bulk_create(
-            [OutboundMessage(bot=bot, chat_id=-i, idempotency_key=f"claim-{size}-{i}", payload={"text": "hi"},
-                             next_attempt_at=now) for i in range(200)]
+            [
+                OutboundMessage(
+                    bot=bot,
+                    chat_id=-i,
+                    idempotency_key=f"claim-{size}-{i}",
+                    payload={"text": "hi"},
+                    next_attempt_at=now,
+                )
+                for i in range(200)
+            ]
         )
         for message in due:
             started = time.perf_counter()

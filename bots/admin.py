@@ -50,7 +50,15 @@ class InboundUpdateAdmin(admin.ModelAdmin):
 @admin.register(ConsumerRun)
 class ConsumerRunAdmin(admin.ModelAdmin):
     list_display = [
-        "id", "consumer", "bot", "update", "state", "attempts", "outcome", "last_error_class", "next_attempt_at"
+        "id",
+        "consumer",
+        "bot",
+        "update",
+        "state",
+        "attempts",
+        "outcome",
+        "last_error_class",
+        "next_attempt_at",
     ]
     list_filter = ["state", "consumer", "bot", "last_error_class"]
     search_fields = ["trace_id", "consumer"]

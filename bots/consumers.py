@@ -105,9 +105,7 @@ def analytics(ctx: ConsumerContext) -> str:
     body = update.payload.get(update.update_type)
     date = body.get("date") if isinstance(body, dict) else None
     message_date = datetime.fromtimestamp(date, tz=UTC) if isinstance(date, int) and date > 0 else None
-    latency_ms = (
-        max(0, int((update.received_at - message_date).total_seconds() * 1000)) if message_date else None
-    )
+    latency_ms = max(0, int((update.received_at - message_date).total_seconds() * 1000)) if message_date else None
     AnalyticsEvent.objects.bulk_create(
         [
             AnalyticsEvent(

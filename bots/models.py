@@ -13,9 +13,7 @@ BOT_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 def validate_webhook_secret(value: str) -> None:
     if value and not WEBHOOK_SECRET_RE.match(value):
-        raise ValidationError(
-            "A webhook secret is 1-256 characters of A-Z, a-z, 0-9, _ and - (Telegram's rule)."
-        )
+        raise ValidationError("A webhook secret is 1-256 characters of A-Z, a-z, 0-9, _ and - (Telegram's rule).")
 
 
 def validate_bot_name(value: str) -> None:
@@ -163,9 +161,7 @@ class ConsumerRun(models.Model):
             models.UniqueConstraint(fields=["update", "consumer"], name="run_unique_consumer_per_update"),
         ]
         indexes = [
-            models.Index(
-                fields=["next_attempt_at"], name="run_due_idx", condition=Q(state__in=["pending", "retry"])
-            ),
+            models.Index(fields=["next_attempt_at"], name="run_due_idx", condition=Q(state__in=["pending", "retry"])),
             models.Index(fields=["lease_expires_at"], name="run_lease_idx", condition=Q(state="running")),
         ]
 

@@ -266,7 +266,10 @@ class ConsumerContext:
 
         try:
             return effects.effect_run(
-                self.effect_key(operation), fn, trace_id=self.trace_id, reconcile=reconcile,
+                self.effect_key(operation),
+                fn,
+                trace_id=self.trace_id,
+                reconcile=reconcile,
                 not_applied=(ConsumerError,),
             )
         except effects.EffectInProgress as exc:

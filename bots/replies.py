@@ -121,8 +121,9 @@ def auto_reply_run(ctx: ConsumerContext) -> str:
         return "no-text"
     # The slow part (a model) runs before the guard is taken and outside any transaction.
     reply = responder(
-        Conversation(bot=bot, chat_id=update.chat_id, texts=texts, upto_message_id=update.message_id,
-                     trace_id=ctx.trace_id)
+        Conversation(
+            bot=bot, chat_id=update.chat_id, texts=texts, upto_message_id=update.message_id, trace_id=ctx.trace_id
+        )
     )
     with transaction.atomic():
         if not transitions.mark_chat_answered(
@@ -138,8 +139,13 @@ def _answer_at_once(ctx: ConsumerContext, responder: Responder) -> str:
     if not ctx.text:
         return "no-text"
     reply = responder(
-        Conversation(bot=ctx.bot, chat_id=update.chat_id, texts=[ctx.text], upto_message_id=update.message_id,
-                     trace_id=ctx.trace_id)
+        Conversation(
+            bot=ctx.bot,
+            chat_id=update.chat_id,
+            texts=[ctx.text],
+            upto_message_id=update.message_id,
+            trace_id=ctx.trace_id,
+        )
     )
     with transaction.atomic():
         ctx.reply(reply)

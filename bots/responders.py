@@ -52,9 +52,7 @@ class Conversation:
             if update.text
         ]
         sent = (
-            OutboundMessage.objects.filter(
-                bot=self.bot, chat_id=self.chat_id, method="sendMessage", state=State.SENT
-            )
+            OutboundMessage.objects.filter(bot=self.bot, chat_id=self.chat_id, method="sendMessage", state=State.SENT)
             .exclude(payload_purged_at__isnull=False)
             .order_by("-sent_at")
             .only("payload", "sent_at")[:limit]

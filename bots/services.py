@@ -127,7 +127,9 @@ def inbox_update_route(update_pk: int) -> list[int]:
         run_ids = list(ConsumerRun.objects.filter(update=update).values_list("pk", flat=True))
         transaction.on_commit(lambda: [dispatch_run(pk) for pk in run_ids])
     logger.info(
-        "update %s routed to %s", update.update_id, ", ".join(run.consumer for run in runs) or "no consumer",
+        "update %s routed to %s",
+        update.update_id,
+        ", ".join(run.consumer for run in runs) or "no consumer",
         extra={"consumers": [run.consumer for run in runs]},
     )
     return run_ids
@@ -193,7 +195,11 @@ def consumer_run_execute(run_pk: int) -> str:
         error = _describe(exc)
         logger.warning(
             "consumer %s failed on update %s (attempt %s of %s): %s",
-            spec.name, run.update.update_id, run.attempts, run.max_attempts, error,
+            spec.name,
+            run.update.update_id,
+            run.attempts,
+            run.max_attempts,
+            error,
         )
         if run.attempts >= run.max_attempts:
             _dead_letter_run(run, worker=worker, error=error, error_class="exhausted")
@@ -309,7 +315,9 @@ def inbox_poll_store(*, bot: Bot, batch: list[dict[str, Any]]) -> int:
             update, created = inbox_update_store(bot=bot, payload=payload, trace_id=trace_id)
             created_count += created
             logger.info(
-                "update %s %s (polling)", update.update_id, "stored" if created else "duplicate dropped",
+                "update %s %s (polling)",
+                update.update_id,
+                "stored" if created else "duplicate dropped",
                 extra={"bot": bot.name, "update_type": update.update_type},
             )
         next_offset = max(p["update_id"] for p in batch) + 1

@@ -49,7 +49,12 @@ def _owned(run_id: int, worker: str):
 def mark_run_done(run_id: int, *, worker: str, outcome: str = "") -> bool:
     now = timezone.now()
     n = _owned(run_id, worker).update(
-        state=RunState.DONE, finished_at=now, updated_at=now, lease_owner="", lease_expires_at=None, last_error="",
+        state=RunState.DONE,
+        finished_at=now,
+        updated_at=now,
+        lease_owner="",
+        lease_expires_at=None,
+        last_error="",
         outcome=outcome[:64],
     )
     return n == 1

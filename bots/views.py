@@ -18,7 +18,6 @@ from outbox.logging import current_trace_id
 logger = logging.getLogger(__name__)
 
 
-
 def _error(status: int, description: str) -> JsonResponse:
     return JsonResponse({"ok": False, "error": description}, status=status)
 

@@ -7,24 +7,55 @@ class AttemptInline(admin.TabularInline):
     model = Attempt
     extra = 0
     can_delete = False
-    fields = ["number", "started_at", "finished_at", "worker", "outcome", "http_status", "error_code", "description", "retry_after"]
+    fields = [
+        "number",
+        "started_at",
+        "finished_at",
+        "worker",
+        "outcome",
+        "http_status",
+        "error_code",
+        "description",
+        "retry_after",
+    ]
     readonly_fields = fields
 
-    def has_add_permission(self, request, obj=None) -> bool:  # noqa: ANN001
+    def has_add_permission(self, request, obj=None) -> bool:
         return False
 
 
 @admin.register(OutboundMessage)
 class OutboundMessageAdmin(admin.ModelAdmin):
-    list_display = ["id", "bot", "chat_id", "method", "state", "attempts", "last_error_class", "next_attempt_at", "created_at"]
+    list_display = [
+        "id",
+        "bot",
+        "chat_id",
+        "method",
+        "state",
+        "attempts",
+        "last_error_class",
+        "next_attempt_at",
+        "created_at",
+    ]
     list_filter = ["state", "bot", "method", "last_error_class"]
     search_fields = ["=chat_id", "idempotency_key", "trace_id"]
     list_select_related = ["bot"]
     raw_id_fields = ["source_update"]
     readonly_fields = [
-        "state", "attempts", "lease_owner", "lease_expires_at", "last_error", "last_error_class",
-        "telegram_message_id", "result", "sent_at", "created_at", "updated_at", "rate_limited_count",
-        "payload_purged_at", "cancel_reason",
+        "state",
+        "attempts",
+        "lease_owner",
+        "lease_expires_at",
+        "last_error",
+        "last_error_class",
+        "telegram_message_id",
+        "result",
+        "sent_at",
+        "created_at",
+        "updated_at",
+        "rate_limited_count",
+        "payload_purged_at",
+        "cancel_reason",
     ]
     inlines = [AttemptInline]
     date_hierarchy = "created_at"
@@ -47,10 +78,10 @@ class EffectAdmin(admin.ModelAdmin):
     search_fields = ["key", "external_id", "trace_id"]
     readonly_fields = [f.name for f in Effect._meta.fields]
 
-    def has_add_permission(self, request) -> bool:  # noqa: ANN001
+    def has_add_permission(self, request) -> bool:
         return False
 
-    def has_delete_permission(self, request, obj=None) -> bool:  # noqa: ANN001
+    def has_delete_permission(self, request, obj=None) -> bool:
         return False
 
 

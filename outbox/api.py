@@ -142,8 +142,10 @@ class MessageCancelView(APIView):
         if not services.outbound_message_cancel(pk, reason=serializer.validated_data["reason"]):
             message.refresh_from_db(fields=["state"])
             return Response(
-                {"detail": f"message is {message.state}; only pending or retry messages can be cancelled",
-                 "state": message.state},
+                {
+                    "detail": f"message is {message.state}; only pending or retry messages can be cancelled",
+                    "state": message.state,
+                },
                 status=status.HTTP_409_CONFLICT,
             )
         return Response(_message_body(pk))

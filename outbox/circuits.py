@@ -85,9 +85,7 @@ def _open(scope: str, *, reason: str) -> float:
         updated_at=now,
     )
     if n == 1:
-        logger.error(
-            "circuit %s opened: %s", scope, reason, extra={"alert": "circuit_open", "scope": scope}
-        )
+        logger.error("circuit %s opened: %s", scope, reason, extra={"alert": "circuit_open", "scope": scope})
         return FIRST_PROBE_SECONDS
     # Already open or probing: a failed probe doubles the wait; other late failures of
     # the same outage leave the schedule alone.
@@ -157,7 +155,11 @@ def pause(scope: str, *, reason: str) -> None:
     Circuit.objects.update_or_create(
         scope=scope,
         defaults={
-            "state": CircuitState.OPEN, "manual": True, "reason": reason, "opened_at": now, "next_probe_at": None,
+            "state": CircuitState.OPEN,
+            "manual": True,
+            "reason": reason,
+            "opened_at": now,
+            "next_probe_at": None,
         },
     )
 
@@ -165,6 +167,10 @@ def pause(scope: str, *, reason: str) -> None:
 def resume(scope: str) -> None:
     """An operator lifts a pause (or an outage they fixed): closed, then ramp up."""
     Circuit.objects.filter(scope=scope).exclude(state=CircuitState.CLOSED, manual=False).update(
-        state=CircuitState.CLOSED, manual=False, consecutive_failures=0, next_probe_at=None, reason="",
+        state=CircuitState.CLOSED,
+        manual=False,
+        consecutive_failures=0,
+        next_probe_at=None,
+        reason="",
         updated_at=timezone.now(),
     )

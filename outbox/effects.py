@@ -161,7 +161,10 @@ def effect_mark_done(key: str, *, result: Any = None, external_id: str = "", fro
 def effect_mark_not_applied(key: str, *, reason: str, from_states: tuple[str, ...]) -> bool:
     """unknown -> failed: known not to have applied, so the barrier lets it run again."""
     n = Effect.objects.filter(key=key, state__in=from_states).update(
-        state=EffectState.FAILED, last_error=reason[:2000], lease_owner="", lease_expires_at=None,
+        state=EffectState.FAILED,
+        last_error=reason[:2000],
+        lease_owner="",
+        lease_expires_at=None,
         updated_at=timezone.now(),
     )
     return n == 1
@@ -247,7 +250,11 @@ def effect(
         _finish(key, worker=worker, state=EffectState.UNKNOWN, last_error=f"{type(exc).__name__}: {exc}"[:2000])
         raise
     _finish(
-        key, worker=worker, state=EffectState.DONE, result=handle.result, external_id=handle.external_id[:255],
+        key,
+        worker=worker,
+        state=EffectState.DONE,
+        result=handle.result,
+        external_id=handle.external_id[:255],
         last_error="",
     )
 
@@ -272,4 +279,3 @@ def effect_run(
         if not handle._recorded:
             handle.record(result=value)
     return handle.result
-

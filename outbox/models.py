@@ -68,9 +68,7 @@ class OutboundMessage(models.Model):
         max_length=255, blank=True, help_text="Key of the broadcast this message is part of, if any (bulk queue)."
     )
     state = models.CharField(max_length=16, choices=State.choices, default=State.PENDING)
-    ordered = models.BooleanField(
-        default=True, help_text="Wait for earlier messages to the same chat before sending."
-    )
+    ordered = models.BooleanField(default=True, help_text="Wait for earlier messages to the same chat before sending.")
     attempts = models.PositiveIntegerField(default=0, help_text="Requests started so far.")
     max_attempts = models.PositiveIntegerField(default=8, help_text="Retry budget for transient errors.")
     rate_limited_count = models.PositiveIntegerField(default=0, help_text="429 answers received.")
@@ -122,6 +120,12 @@ class OutboundMessage(models.Model):
                 condition=Q(state__in=["pending", "retry", "sending"]),
             ),
             models.Index(fields=["state", "updated_at"], name="outbox_state_updated_idx"),
+            # Payload retention: sent messages whose text is still kept, oldest first.
+            models.Index(
+                fields=["sent_at"],
+                name="outbox_purge_idx",
+                condition=Q(state="sent", payload_purged_at__isnull=True),
+            ),
         ]
 
     def __str__(self) -> str:

@@ -85,7 +85,14 @@ class AttemptSerializer(serializers.ModelSerializer):
     class Meta:
         model = Attempt
         fields = [
-            "number", "started_at", "finished_at", "worker", "outcome", "http_status", "error_code", "description",
+            "number",
+            "started_at",
+            "finished_at",
+            "worker",
+            "outcome",
+            "http_status",
+            "error_code",
+            "description",
             "retry_after",
         ]
 
@@ -97,10 +104,31 @@ class MessageSerializer(serializers.ModelSerializer):
     class Meta:
         model = OutboundMessage
         fields = [
-            "id", "bot", "chat_id", "method", "payload", "idempotency_key", "state", "attempts", "max_attempts",
-            "last_error", "last_error_class", "cancel_reason", "telegram_message_id", "send_at", "expires_at",
-            "next_attempt_at", "on_ambiguous", "ordered", "broadcast", "trace_id", "created_at", "sent_at",
-            "updated_at", "payload_purged_at", "attempts_list",
+            "id",
+            "bot",
+            "chat_id",
+            "method",
+            "payload",
+            "idempotency_key",
+            "state",
+            "attempts",
+            "max_attempts",
+            "last_error",
+            "last_error_class",
+            "cancel_reason",
+            "telegram_message_id",
+            "send_at",
+            "expires_at",
+            "next_attempt_at",
+            "on_ambiguous",
+            "ordered",
+            "broadcast",
+            "trace_id",
+            "created_at",
+            "sent_at",
+            "updated_at",
+            "payload_purged_at",
+            "attempts_list",
         ]
         read_only_fields = fields
 

@@ -30,6 +30,7 @@ from outbox.publishing import publish
 
 logger = logging.getLogger(__name__)
 
+
 def worker_id() -> str:
     # Recomputed after fork: prefork children must not share their parent's id.
     return f"{socket.gethostname()}:{os.getpid()}"
@@ -236,9 +237,7 @@ def outbound_message_send(message_id: int, *, slot_reserved: bool = False) -> Se
     if message.next_attempt_at > now:
         return SendResult("not-due", (message.next_attempt_at - now).total_seconds())
     if message.expires_at and message.expires_at <= now:
-        if transitions.cancel(
-            message.pk, reason="expired: not sent before expires_at", error_class=ErrorClass.EXPIRED
-        ):
+        if transitions.cancel(message.pk, reason="expired: not sent before expires_at", error_class=ErrorClass.EXPIRED):
             _kick_chat(message)
         return SendResult("expired")
     if message.circuit_not_closed and not circuits.try_probe(_circuit_scope(message.bot_id)):
@@ -307,9 +306,7 @@ def _record_outcome(
         return SendResult("sent")
 
     cls = outcome.error_class
-    logger.info(
-        "send of message %s failed: %s (%s)", message.pk, cls, outcome.description, extra={"error_class": cls}
-    )
+    logger.info("send of message %s failed: %s (%s)", message.pk, cls, outcome.description, extra={"error_class": cls})
     if cls == ErrorClass.RATE_LIMITED:
         # Telegram's retry_after is a floor, never shortened; flood control is per bot.
         wait = max(outcome.retry_after or 1.0, 0.0)
@@ -330,7 +327,12 @@ def _record_outcome(
             _kick_chat(message)
             return SendResult("dead-lettered")
         transitions.schedule_retry(
-            message, worker=worker, attempt=attempt, outcome=outcome, delay=0, free=True,
+            message,
+            worker=worker,
+            attempt=attempt,
+            outcome=outcome,
+            delay=0,
+            free=True,
             chat_id=outcome.migrate_to_chat_id,
         )
         # The rest of this chat's queue follows it to the supergroup.
@@ -441,9 +443,7 @@ def broadcast_enqueue(
     unique_chats = list(dict.fromkeys(chat_ids))
     for chat_id in unique_chats:
         _validate(method, chat_id, payload)
-    _validate_options(
-        idempotency_key=broadcast_key, send_at=send_at, expires_at=expires_at, on_ambiguous=on_ambiguous
-    )
+    _validate_options(idempotency_key=broadcast_key, send_at=send_at, expires_at=expires_at, on_ambiguous=on_ambiguous)
     now = timezone.now()
     keys = {broadcast_message_key(broadcast_key, chat_id): chat_id for chat_id in unique_chats}
     with transaction.atomic():
@@ -492,9 +492,30 @@ def broadcast_enqueue(
 # Payload keys that carry what a person wrote or who they are; purged after retention.
 PERSONAL_PAYLOAD_KEYS = frozenset(
     {
-        "text", "caption", "reply_markup", "entities", "caption_entities", "phone_number", "first_name",
-        "last_name", "vcard", "question", "options", "explanation", "latitude", "longitude", "address",
-        "title", "media", "photo", "document", "video", "audio", "voice", "animation", "sticker",
+        "text",
+        "caption",
+        "reply_markup",
+        "entities",
+        "caption_entities",
+        "phone_number",
+        "first_name",
+        "last_name",
+        "vcard",
+        "question",
+        "options",
+        "explanation",
+        "latitude",
+        "longitude",
+        "address",
+        "title",
+        "media",
+        "photo",
+        "document",
+        "video",
+        "audio",
+        "voice",
+        "animation",
+        "sticker",
     }
 )
 
@@ -510,7 +531,7 @@ def outbound_messages_purge_payloads(*, older_than: datetime | None = None, batc
         batch = list(
             OutboundMessage.objects.filter(state=State.SENT, sent_at__lt=older_than, payload_purged_at__isnull=True)
             .only("pk", "payload", "result")
-            .order_by("pk")[:batch_size]
+            .order_by("sent_at")[:batch_size]
         )
         if not batch:
             return purged

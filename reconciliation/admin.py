@@ -61,8 +61,16 @@ def _payload_for(obj: Any, payload: Any) -> str:
 
 
 def confirm_page(
-    request: HttpRequest, model_admin: admin.ModelAdmin, *, title: str, form: forms.Form, obj: Any = None,
-    intro: str = "", submit: str = "Confirm", danger: bool = False, extra: dict[str, Any] | None = None,
+    request: HttpRequest,
+    model_admin: admin.ModelAdmin,
+    *,
+    title: str,
+    form: forms.Form,
+    obj: Any = None,
+    intro: str = "",
+    submit: str = "Confirm",
+    danger: bool = False,
+    extra: dict[str, Any] | None = None,
 ) -> TemplateResponse:
     """The confirmation step of every operator action: a form that POSTs with CSRF."""
     context = {
@@ -202,12 +210,38 @@ class DeadLetterForm(forms.ModelForm):
 
 @admin.register(BulkRetry)
 class BulkRetryAdmin(admin.ModelAdmin):
-    list_display = ["id", "created_at", "created_by", "state", "total", "released", "requeued", "refused", "skipped",
-                    "scope"]
+    list_display = [
+        "id",
+        "created_at",
+        "created_by",
+        "state",
+        "total",
+        "released",
+        "requeued",
+        "refused",
+        "skipped",
+        "scope",
+    ]
     list_filter = ["state"]
-    readonly_fields = ["created_by", "reason", "scope", "state", "total", "released", "requeued", "refused", "skipped",
-                       "first_batch", "max_batch", "tick_seconds", "batches", "summary", "cancelled_by", "created_at",
-                       "finished_at"]
+    readonly_fields = [
+        "created_by",
+        "reason",
+        "scope",
+        "state",
+        "total",
+        "released",
+        "requeued",
+        "refused",
+        "skipped",
+        "first_batch",
+        "max_batch",
+        "tick_seconds",
+        "batches",
+        "summary",
+        "cancelled_by",
+        "created_at",
+        "finished_at",
+    ]
     exclude = ["item_ids", "reasons"]
     change_form_template = "reconciliation/admin/bulkretry_change_form.html"
 
@@ -224,8 +258,10 @@ class BulkRetryAdmin(admin.ModelAdmin):
 
     def get_urls(self) -> list:
         view = self.admin_site.admin_view
-        return [path("<int:pk>/cancel/", view(self.cancel_view), name="reconciliation_bulkretry_cancel"),
-                *super().get_urls()]
+        return [
+            path("<int:pk>/cancel/", view(self.cancel_view), name="reconciliation_bulkretry_cancel"),
+            *super().get_urls(),
+        ]
 
     def change_view(self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None) -> Any:
         extra = {"can_cancel": request.user.has_perm(RETRY_PERMISSION)}
@@ -243,15 +279,32 @@ class BulkRetryAdmin(admin.ModelAdmin):
             else:
                 messages.warning(request, f"Bulk retry {bulk.pk} was not releasing any more.")
             return HttpResponseRedirect(reverse("admin:reconciliation_bulkretry_change", args=[bulk.pk]))
-        return confirm_page(request, self, title=f"Cancel bulk retry {bulk.pk}", form=form, obj=bulk,
-                            intro=f"{triage.bulk_summary(bulk)}. Items already requeued stay requeued.",
-                            submit="Cancel the rest", danger=True)
+        return confirm_page(
+            request,
+            self,
+            title=f"Cancel bulk retry {bulk.pk}",
+            form=form,
+            obj=bulk,
+            intro=f"{triage.bulk_summary(bulk)}. Items already requeued stay requeued.",
+            submit="Cancel the rest",
+            danger=True,
+        )
 
 
 class TriageDeadLetterAdmin(admin.ModelAdmin):
     form = DeadLetterForm
-    list_display = ["id", "created_at", "reason_badge", "bot", "kind", "consumer", "chat_id", "error_short",
-                    "status", "owner"]
+    list_display = [
+        "id",
+        "created_at",
+        "reason_badge",
+        "bot",
+        "kind",
+        "consumer",
+        "chat_id",
+        "error_short",
+        "status",
+        "owner",
+    ]
     list_display_links = ["id", "created_at"]
     list_filter = ["status", "reason_class", "bot", ConsumerFilter, KindFilter, AgeBucketFilter, "owner"]
     search_fields = ["=chat_id", "=trace_id", "=idempotency_key"]
@@ -260,8 +313,22 @@ class TriageDeadLetterAdmin(admin.ModelAdmin):
     actions = ["bulk_retry_action", "export_csv"]
     change_list_template = "reconciliation/admin/deadletter_change_list.html"
     change_form_template = "reconciliation/admin/deadletter_change_form.html"
-    fields = ["owner", "status", "reason_class", "bot", "subject", "consumer", "chat_id", "idempotency_key",
-              "trace_id", "first_error", "last_error", "resolution_note", "created_at", "resolved_at"]
+    fields = [
+        "owner",
+        "status",
+        "reason_class",
+        "bot",
+        "subject",
+        "consumer",
+        "chat_id",
+        "idempotency_key",
+        "trace_id",
+        "first_error",
+        "last_error",
+        "resolution_note",
+        "created_at",
+        "resolved_at",
+    ]
     readonly_fields = [f for f in fields if f != "owner"]
 
     def get_search_results(self, request: HttpRequest, queryset: QuerySet, search_term: str) -> tuple[QuerySet, bool]:
@@ -276,8 +343,11 @@ class TriageDeadLetterAdmin(admin.ModelAdmin):
 
     @admin.display(description="reason", ordering="reason_class")
     def reason_badge(self, obj: DeadLetter) -> str:
-        return format_html("<span class='dovecote-reason dovecote-reason-{}'>{}</span>", obj.reason_class,
-                           obj.get_reason_class_display())
+        return format_html(
+            "<span class='dovecote-reason dovecote-reason-{}'>{}</span>",
+            obj.reason_class,
+            obj.get_reason_class_display(),
+        )
 
     @admin.display(description="kind")
     def kind(self, obj: DeadLetter) -> str:
@@ -308,14 +378,20 @@ class TriageDeadLetterAdmin(admin.ModelAdmin):
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
         counts = (
-            DeadLetter.objects.filter(status=DeadLetterStatus.OPEN).values("reason_class")
-            .annotate(n=Count("id")).order_by("-n")
+            DeadLetter.objects.filter(status=DeadLetterStatus.OPEN)
+            .values("reason_class")
+            .annotate(n=Count("id"))
+            .order_by("-n")
         )
         labels = dict(ErrorClass.choices)
         extra = {
             "reason_counts": [
-                {"reason": row["reason_class"], "label": labels.get(row["reason_class"], row["reason_class"]),
-                 "n": row["n"]} for row in counts
+                {
+                    "reason": row["reason_class"],
+                    "label": labels.get(row["reason_class"], row["reason_class"]),
+                    "n": row["n"],
+                }
+                for row in counts
             ],
             "can_retry": request.user.has_perm(RETRY_PERMISSION),
         }
@@ -357,8 +433,11 @@ class TriageDeadLetterAdmin(admin.ModelAdmin):
     def retry_view(self, request: HttpRequest, pk: int) -> HttpResponse:
         letter = self._letter(request, pk, RETRY_PERMISSION)
         editable = bool(letter.message_id) and can_view_payload(request.user)
-        initial = {"corrected_payload": json.dumps(letter.message.payload, indent=2, ensure_ascii=False)} if (
-            editable) else {}
+        initial = (
+            {"corrected_payload": json.dumps(letter.message.payload, indent=2, ensure_ascii=False)}
+            if (editable)
+            else {}
+        )
         form = RetryForm(request.POST or None, initial=initial)
         if not editable:
             del form.fields["corrected_payload"]
@@ -376,13 +455,22 @@ class TriageDeadLetterAdmin(admin.ModelAdmin):
                 messages.add_message(request, level, f"Dead letter {letter.pk} {result}.")
                 return self._back(letter)
         check = triage.dead_letter_check(letter)
-        intro = ("Checks the stored idempotency key and the current state first, then requeues the same "
-                 f"{'message' if letter.message_id else 'consumer run'} with the same key "
-                 f"({letter.idempotency_key}).")
+        intro = (
+            "Checks the stored idempotency key and the current state first, then requeues the same "
+            f"{'message' if letter.message_id else 'consumer run'} with the same key "
+            f"({letter.idempotency_key})."
+        )
         if check is not None:
             intro += f" Right now it would be {check}."
-        return confirm_page(request, self, title=f"Retry dead letter {letter.pk}", form=form, obj=letter,
-                            intro=intro, submit="Retry with the same key")
+        return confirm_page(
+            request,
+            self,
+            title=f"Retry dead letter {letter.pk}",
+            form=form,
+            obj=letter,
+            intro=intro,
+            submit="Retry with the same key",
+        )
 
     def resolve_view(self, request: HttpRequest, pk: int) -> HttpResponse:
         return self._close_view(request, pk, resolve=True)
@@ -402,10 +490,17 @@ class TriageDeadLetterAdmin(admin.ModelAdmin):
             else:
                 messages.warning(request, f"Dead letter {letter.pk} is not open any more; nothing changed.")
             return self._back(letter)
-        intro = ("Handled by hand: it will not be retried." if resolve
-                 else "Not worth doing: it will not be retried.")
-        return confirm_page(request, self, title=f"{verb.capitalize()} dead letter {letter.pk}", form=form,
-                            obj=letter, intro=intro, submit=verb.capitalize(), danger=not resolve)
+        intro = "Handled by hand: it will not be retried." if resolve else "Not worth doing: it will not be retried."
+        return confirm_page(
+            request,
+            self,
+            title=f"{verb.capitalize()} dead letter {letter.pk}",
+            form=form,
+            obj=letter,
+            intro=intro,
+            submit=verb.capitalize(),
+            danger=not resolve,
+        )
 
     @admin.action(description="Retry selected dead letters (checked, in batches)")
     def bulk_retry_action(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
@@ -413,19 +508,30 @@ class TriageDeadLetterAdmin(admin.ModelAdmin):
             raise PermissionDenied
         form = BulkRetryForm(request.POST if "confirm" in request.POST else None)
         if form.is_valid():
-            bulk = triage.bulk_retry_start(queryset, request.user, form.cleaned_data["reason"],
-                                           scope=f"admin selection of {queryset.count()}")
-            self.message_user(request, f"Bulk retry {bulk.pk} started: {bulk.total} dead letters, first batch "
-                                       f"{bulk.first_batch}, at most {bulk.max_batch} per {bulk.tick_seconds:g}s.")
+            bulk = triage.bulk_retry_start(
+                queryset, request.user, form.cleaned_data["reason"], scope=f"admin selection of {queryset.count()}"
+            )
+            self.message_user(
+                request,
+                f"Bulk retry {bulk.pk} started: {bulk.total} dead letters, first batch "
+                f"{bulk.first_batch}, at most {bulk.max_batch} per {bulk.tick_seconds:g}s.",
+            )
             return HttpResponseRedirect(reverse("admin:reconciliation_bulkretry_change", args=[bulk.pk]))
         by_reason = queryset.values("reason_class").annotate(n=Count("id")).order_by("-n")
         return confirm_page(
-            request, self, title=f"Retry {queryset.count()} dead letters", form=form,
+            request,
+            self,
+            title=f"Retry {queryset.count()} dead letters",
+            form=form,
             intro="Each one passes the same checks as a single Retry; they are released in growing batches "
-                  "within the bots' rate limits, on the bulk queue.",
+            "within the bots' rate limits, on the bulk queue.",
             submit="Start bulk retry",
-            extra={"action": "bulk_retry_action", "selected": [str(pk) for pk in queryset.values_list("pk", flat=True)],
-                   "action_checkbox_name": ACTION_CHECKBOX_NAME, "by_reason": list(by_reason)},
+            extra={
+                "action": "bulk_retry_action",
+                "selected": [str(pk) for pk in queryset.values_list("pk", flat=True)],
+                "action_checkbox_name": ACTION_CHECKBOX_NAME,
+                "by_reason": list(by_reason),
+            },
         )
 
     @admin.action(description="Export selected as CSV (masked without payload permission)")
@@ -433,16 +539,45 @@ class TriageDeadLetterAdmin(admin.ModelAdmin):
         response = HttpResponse(content_type="text/csv")
         response["Content-Disposition"] = 'attachment; filename="dead-letters.csv"'
         writer = csv.writer(response)
-        writer.writerow(["id", "created_at", "reason", "bot", "consumer", "chat_id", "status", "idempotency_key",
-                         "trace_id", "last_error", "payload"])
+        writer.writerow(
+            [
+                "id",
+                "created_at",
+                "reason",
+                "bot",
+                "consumer",
+                "chat_id",
+                "status",
+                "idempotency_key",
+                "trace_id",
+                "last_error",
+                "payload",
+            ]
+        )
         for letter in queryset.select_related("bot", "message"):
             payload = for_user(request.user, letter.message.payload) if letter.message_id else ""
-            writer.writerow([letter.pk, letter.created_at.isoformat(), letter.reason_class, letter.bot.name,
-                             letter.consumer, letter.chat_id, letter.status, letter.idempotency_key, letter.trace_id,
-                             letter.last_error, json.dumps(payload, ensure_ascii=False) if payload else ""])
-        services.audit_record(actor=request.user, action="deadletter.export", target="outbox.DeadLetter",
-                              outcome=f"exported {queryset.count()} rows",
-                              details={"masked": not can_view_payload(request.user)})
+            writer.writerow(
+                [
+                    letter.pk,
+                    letter.created_at.isoformat(),
+                    letter.reason_class,
+                    letter.bot.name,
+                    letter.consumer,
+                    letter.chat_id,
+                    letter.status,
+                    letter.idempotency_key,
+                    letter.trace_id,
+                    letter.last_error,
+                    json.dumps(payload, ensure_ascii=False) if payload else "",
+                ]
+            )
+        services.audit_record(
+            actor=request.user,
+            action="deadletter.export",
+            target="outbox.DeadLetter",
+            outcome=f"exported {queryset.count()} rows",
+            details={"masked": not can_view_payload(request.user)},
+        )
         return response
 
     def recover_view(self, request: HttpRequest) -> HttpResponse:
@@ -452,15 +587,22 @@ class TriageDeadLetterAdmin(admin.ModelAdmin):
         if request.method == "POST" and form.is_valid():
             data = form.cleaned_data
             bulk = triage.recover_since(
-                user=request.user, reason=data["reason"], since=data["since"], reason_class=data["reason_class"],
-                bot_id=data["bot"].pk if data["bot"] else None, consumer=data["consumer"].strip(),
+                user=request.user,
+                reason=data["reason"],
+                since=data["since"],
+                reason_class=data["reason_class"],
+                bot_id=data["bot"].pk if data["bot"] else None,
+                consumer=data["consumer"].strip(),
             )
             self.message_user(request, f"Recover since: bulk retry {bulk.pk} started over {bulk.total} dead letters.")
             return HttpResponseRedirect(reverse("admin:reconciliation_bulkretry_change", args=[bulk.pk]))
         return confirm_page(
-            request, self, title="Recover since", form=form,
+            request,
+            self,
+            title="Recover since",
+            form=form,
             intro="After an outage is fixed: requeue every open dead letter of one reason since a time, for a bot or "
-                  "a consumer, with the same checks and batching as any bulk retry.",
+            "a consumer, with the same checks and batching as any bulk retry.",
             submit="Start recovery",
         )
 
@@ -540,8 +682,11 @@ class OperatorBotAdmin(BotAdmin):
         from outbox.models import Circuit
 
         circuit = Circuit.objects.filter(scope=f"bot:{object_id}").first()
-        extra = {"circuit": circuit, "can_pause": request.user.has_perm(PAUSE_PERMISSION),
-                 "circuit_scope": f"bot:{object_id}"}
+        extra = {
+            "circuit": circuit,
+            "can_pause": request.user.has_perm(PAUSE_PERMISSION),
+            "circuit_scope": f"bot:{object_id}",
+        }
         return super().change_view(request, object_id, form_url, {**(extra_context or {}), **extra})
 
 
@@ -556,8 +701,17 @@ class ReconciliationCaseAdmin(admin.ModelAdmin):
     list_select_related = ["decided_by"]
     raw_id_fields = ["message", "effect"]
     readonly_fields = [
-        "message", "effect", "idempotency_key", "known_facts", "policy", "status", "decision", "decided_by",
-        "decision_reason", "decided_at", "created_at",
+        "message",
+        "effect",
+        "idempotency_key",
+        "known_facts",
+        "policy",
+        "status",
+        "decision",
+        "decided_by",
+        "decision_reason",
+        "decided_at",
+        "created_at",
     ]
     change_form_template = "reconciliation/admin/case_change_form.html"
 
@@ -569,8 +723,11 @@ class ReconciliationCaseAdmin(admin.ModelAdmin):
 
     def change_view(self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None) -> Any:
         case = self.get_object(request, object_id)
-        extra = {"can_decide": case is not None and case.status == CaseStatus.OPEN
-                 and request.user.has_perm(DECIDE_PERMISSION)}
+        extra = {
+            "can_decide": case is not None
+            and case.status == CaseStatus.OPEN
+            and request.user.has_perm(DECIDE_PERMISSION)
+        }
         if case is not None and case.message_id:
             extra["case_payload"] = for_user(request.user, case.message.payload)
             extra["case_attempts"] = list(case.message.attempt_set.all())
@@ -585,8 +742,10 @@ class ReconciliationCaseAdmin(admin.ModelAdmin):
 
     DECISIONS = {
         "mark_delivered": ("Mark delivered", "Telegram got it: the message becomes sent (nothing is sent again)."),
-        "resend": ("Resend with the same key",
-                   "Queue it again with the same idempotency key; a duplicate is possible."),
+        "resend": (
+            "Resend with the same key",
+            "Queue it again with the same idempotency key; a duplicate is possible.",
+        ),
         "cancel": ("Cancel", "Do not send again."),
     }
 
@@ -603,23 +762,36 @@ class ReconciliationCaseAdmin(admin.ModelAdmin):
             reason = form.cleaned_data["reason"]
             try:
                 if decision == "mark_delivered":
-                    services.case_mark_delivered(case, request.user, reason,
-                                                 telegram_message_id=form.cleaned_data.get("telegram_message_id"))
+                    services.case_mark_delivered(
+                        case, request.user, reason, telegram_message_id=form.cleaned_data.get("telegram_message_id")
+                    )
                 elif decision == "resend":
                     services.case_resend(case, request.user, reason)
                 else:
                     services.case_cancel(case, request.user, reason)
             except (services.CaseNotOpen, services.CaseSubjectChanged) as exc:
-                services.audit_record(actor=request.user, action=f"reconciliation.{decision}",
-                                      target=f"reconciliation.ReconciliationCase:{case.pk}", reason=reason,
-                                      outcome=f"refused: {exc}")
+                services.audit_record(
+                    actor=request.user,
+                    action=f"reconciliation.{decision}",
+                    target=f"reconciliation.ReconciliationCase:{case.pk}",
+                    reason=reason,
+                    outcome=f"refused: {exc}",
+                )
                 messages.error(request, f"Nothing done: {exc}.")
             else:
                 self.log_change(request, case, f"{label}: {reason}")
                 messages.success(request, f"Case {case.pk}: {label.lower()}.")
             return HttpResponseRedirect(reverse("admin:reconciliation_reconciliationcase_change", args=[case.pk]))
-        return confirm_page(request, self, title=f"{label} — case {case.pk}", form=form, obj=case, intro=intro,
-                            submit=label, danger=decision != "mark_delivered")
+        return confirm_page(
+            request,
+            self,
+            title=f"{label} — case {case.pk}",
+            form=form,
+            obj=case,
+            intro=intro,
+            submit=label,
+            danger=decision != "mark_delivered",
+        )
 
 
 @admin.register(AuditEntry)
@@ -654,4 +826,3 @@ for model, model_admin in [
     if admin.site.is_registered(model):
         admin.site.unregister(model)
     admin.site.register(model, model_admin)
-

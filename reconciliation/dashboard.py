@@ -60,18 +60,24 @@ def dashboard_numbers(bot_id: int | None = None) -> dict[str, Any]:
     )
     latencies = sorted(max(0.0, (sent - received).total_seconds()) for sent, received in replies)
 
-    finished = _by_state(messages.filter(updated_at__gte=now - FAILED_SHARE_WINDOW, state__in=[State.SENT,
-                                                                                                State.FAILED]), State)
+    finished = _by_state(
+        messages.filter(updated_at__gte=now - FAILED_SHARE_WINDOW, state__in=[State.SENT, State.FAILED]), State
+    )
     done = finished[State.SENT] + finished[State.FAILED]
 
     first_day = (timezone.localtime(now) - timedelta(days=RETRY_DAYS - 1)).date()
     retry_rows = (
         attempts.filter(number__gt=1, started_at__date__gte=first_day)
-        .annotate(day=TruncDate("started_at")).values("day").annotate(n=Count("id")).order_by()
+        .annotate(day=TruncDate("started_at"))
+        .values("day")
+        .annotate(n=Count("id"))
+        .order_by()
     )
     per_day = {row["day"]: row["n"] for row in retry_rows}
-    retries = [{"day": (first_day + timedelta(days=i)).isoformat(), "n": per_day.get(first_day + timedelta(days=i), 0)}
-               for i in range(RETRY_DAYS)]
+    retries = [
+        {"day": (first_day + timedelta(days=i)).isoformat(), "n": per_day.get(first_day + timedelta(days=i), 0)}
+        for i in range(RETRY_DAYS)
+    ]
 
     oldest = {
         "inbox": updates.filter(state=UpdateState.NEW).aggregate(t=Min("received_at"))["t"],
@@ -88,10 +94,13 @@ def dashboard_numbers(bot_id: int | None = None) -> dict[str, Any]:
         stored.update({c.scope: c for c in Circuit.objects.exclude(state=CircuitState.CLOSED)})
     names = {f"bot:{b.pk}": f"bot {b.name}" for b in bots}
     circuits = [
-        {"scope": scope, "label": names.get(scope, scope.replace(":", " ")),
-         "state": stored[scope].state if scope in stored else CircuitState.CLOSED,
-         "manual": bool(stored.get(scope) and stored[scope].manual),
-         "reason": stored[scope].reason if scope in stored else ""}
+        {
+            "scope": scope,
+            "label": names.get(scope, scope.replace(":", " ")),
+            "state": stored[scope].state if scope in stored else CircuitState.CLOSED,
+            "manual": bool(stored.get(scope) and stored[scope].manual),
+            "reason": stored[scope].reason if scope in stored else "",
+        }
         for scope in sorted(set(scopes) | set(stored))
     ]
     return {
@@ -119,8 +128,7 @@ def dashboard_numbers(bot_id: int | None = None) -> dict[str, Any]:
         "oldest_waiting": oldest_age,
         "oldest_waiting_seconds": max(ages) if ages else None,
         "dead_letters_by_reason": {
-            r["reason_class"]: r["n"]
-            for r in letters.values("reason_class").annotate(n=Count("id")).order_by("-n")
+            r["reason_class"]: r["n"] for r in letters.values("reason_class").annotate(n=Count("id")).order_by("-n")
         },
         "dead_letters_open": letters.count(),
         "open_reconciliation_cases": cases.count(),
@@ -131,8 +139,16 @@ def dashboard_numbers(bot_id: int | None = None) -> dict[str, Any]:
 # --- SVG --------------------------------------------------------------------------------
 
 PALETTE = {
-    "pending": "#7aa6c2", "retry": "#e0a030", "sending": "#4a90d9", "sent": "#3c9a5f", "failed": "#c0392b",
-    "cancelled": "#999", "unknown": "#8e44ad", "new": "#7aa6c2", "processing": "#4a90d9", "done": "#3c9a5f",
+    "pending": "#7aa6c2",
+    "retry": "#e0a030",
+    "sending": "#4a90d9",
+    "sent": "#3c9a5f",
+    "failed": "#c0392b",
+    "cancelled": "#999",
+    "unknown": "#8e44ad",
+    "new": "#7aa6c2",
+    "processing": "#4a90d9",
+    "done": "#3c9a5f",
     "running": "#4a90d9",
 }
 
@@ -143,15 +159,19 @@ def svg_hbars(values: dict[str, int | float], *, width: int = 320, bar: int = 16
     top = max([v for _, v in items] + [1])
     label_w, gap = 90, 4
     height = max(1, len(items)) * (bar + gap) + 4
-    parts = [f'<svg class="dovecote-chart" role="img" aria-label="{escape(title)}" width="{width}" '
-             f'height="{height}" viewBox="0 0 {width} {height}" xmlns="http://www.w3.org/2000/svg">']
+    parts = [
+        f'<svg class="dovecote-chart" role="img" aria-label="{escape(title)}" width="{width}" '
+        f'height="{height}" viewBox="0 0 {width} {height}" xmlns="http://www.w3.org/2000/svg">'
+    ]
     for i, (label, value) in enumerate(items):
         y = 2 + i * (bar + gap)
         w = 0 if not value else max(2, int((width - label_w - 50) * value / top))
         color = PALETTE.get(label, "#5b7db1")
-        parts.append(f'<text x="0" y="{y + bar - 4}" font-size="11">{escape(label)}</text>'
-                     f'<rect x="{label_w}" y="{y}" width="{w}" height="{bar}" fill="{color}" rx="2"/>'
-                     f'<text x="{label_w + w + 4}" y="{y + bar - 4}" font-size="11">{value}</text>')
+        parts.append(
+            f'<text x="0" y="{y + bar - 4}" font-size="11">{escape(label)}</text>'
+            f'<rect x="{label_w}" y="{y}" width="{w}" height="{bar}" fill="{color}" rx="2"/>'
+            f'<text x="{label_w + w + 4}" y="{y + bar - 4}" font-size="11">{value}</text>'
+        )
     parts.append("</svg>")
     return mark_safe("".join(parts))  # noqa: S308 - every label is escaped above
 
@@ -162,15 +182,19 @@ def svg_columns(points: list[tuple[str, int]], *, width: int = 320, height: int 
     n = max(1, len(points))
     step = width / n
     chart_h = height - 28
-    parts = [f'<svg class="dovecote-chart" role="img" aria-label="{escape(title)}" width="{width}" '
-             f'height="{height}" viewBox="0 0 {width} {height}" xmlns="http://www.w3.org/2000/svg">']
+    parts = [
+        f'<svg class="dovecote-chart" role="img" aria-label="{escape(title)}" width="{width}" '
+        f'height="{height}" viewBox="0 0 {width} {height}" xmlns="http://www.w3.org/2000/svg">'
+    ]
     for i, (label, value) in enumerate(points):
         h = 0 if not value else max(2, int(chart_h * value / top))
         x = int(i * step + 4)
-        parts.append(f'<rect x="{x}" y="{12 + chart_h - h}" width="{int(step - 8)}" height="{h}" '
-                     'fill="#e0a030" rx="2"/>'
-                     f'<text x="{x}" y="{10 + chart_h - h}" font-size="10">{value}</text>'
-                     f'<text x="{x}" y="{height - 4}" font-size="9">{escape(label)}</text>')
+        parts.append(
+            f'<rect x="{x}" y="{12 + chart_h - h}" width="{int(step - 8)}" height="{h}" '
+            'fill="#e0a030" rx="2"/>'
+            f'<text x="{x}" y="{10 + chart_h - h}" font-size="10">{value}</text>'
+            f'<text x="{x}" y="{height - 4}" font-size="9">{escape(label)}</text>'
+        )
     parts.append("</svg>")
     return mark_safe("".join(parts))  # noqa: S308 - every label is escaped above
 

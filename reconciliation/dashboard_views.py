@@ -79,5 +79,12 @@ def circuit(request: HttpRequest, action: str) -> HttpResponse:
         if action == "pause"
         else "Closes the circuit: waiting work flows again (the sweeper dispatches what is overdue)."
     )
-    return confirm_page(request, model_admin, title=f"{action.capitalize()} {scope}", form=form, intro=intro,
-                        submit=action.capitalize(), danger=action == "pause")
+    return confirm_page(
+        request,
+        model_admin,
+        title=f"{action.capitalize()} {scope}",
+        form=form,
+        intro=intro,
+        submit=action.capitalize(),
+        danger=action == "pause",
+    )

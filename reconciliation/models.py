@@ -86,13 +86,15 @@ class PayloadVersion(models.Model):
     """An operator's correction of an outbound message's payload. Version 1 keeps the
     original as it was; later versions are corrections. Rows are never edited."""
 
-    message = models.ForeignKey(
-        "outbox.OutboundMessage", on_delete=models.CASCADE, related_name="payload_versions"
-    )
+    message = models.ForeignKey("outbox.OutboundMessage", on_delete=models.CASCADE, related_name="payload_versions")
     number = models.PositiveIntegerField(help_text="1 is the original payload; each correction adds one.")
     payload = models.JSONField(help_text="The method's parameters as they were in this version.")
     author = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
         help_text="Who wrote this version (empty for the original).",
     )
     reason = models.TextField(blank=True, help_text="Why the payload was corrected.")

@@ -93,7 +93,11 @@ def case_mark_delivered(
         ):
             raise CaseSubjectChanged(f"effect {case.effect_id} is no longer unknown")
         _decide(
-            case, user=user, decision=Decision.MARK_DELIVERED, reason=reason, outcome="marked delivered",
+            case,
+            user=user,
+            decision=Decision.MARK_DELIVERED,
+            reason=reason,
+            outcome="marked delivered",
             details={"telegram_message_id": telegram_message_id},
         )
     return case
@@ -108,12 +112,19 @@ def case_resend(case: ReconciliationCase, user: Any, reason: str) -> Reconciliat
             if not outbox_services.outbound_message_resend(case.message_id, from_states=[State.UNKNOWN]):
                 raise CaseSubjectChanged(f"message {case.message_id} is no longer unknown")
         elif not effects.effect_mark_not_applied(
-            case.effect.key, reason=f"operator decided to repeat: {reason}",
+            case.effect.key,
+            reason=f"operator decided to repeat: {reason}",
             from_states=(EffectState.UNKNOWN, EffectState.STARTED),
         ):
             raise CaseSubjectChanged(f"effect {case.effect_id} is no longer unknown")
-        _decide(case, user=user, decision=Decision.RESEND, reason=reason, outcome="queued again with the same key",
-                details={})
+        _decide(
+            case,
+            user=user,
+            decision=Decision.RESEND,
+            reason=reason,
+            outcome="queued again with the same key",
+            details={},
+        )
     return case
 
 

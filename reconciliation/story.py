@@ -47,11 +47,20 @@ def dead_letter_story(letter: DeadLetter, *, user: Any) -> dict[str, Any]:
     cases = list(ReconciliationCase.objects.filter(case_filter).select_related("decided_by").distinct()[:20])
 
     attempts = list(Attempt.objects.filter(message=message).order_by("number")) if message else []
-    versions = [
-        {"number": v.number, "author": v.author, "reason": v.reason, "created_at": v.created_at,
-         "payload": for_user(user, v.payload)}
-        for v in PayloadVersion.objects.filter(message=message).select_related("author")
-    ] if message else []
+    versions = (
+        [
+            {
+                "number": v.number,
+                "author": v.author,
+                "reason": v.reason,
+                "created_at": v.created_at,
+                "payload": for_user(user, v.payload),
+            }
+            for v in PayloadVersion.objects.filter(message=message).select_related("author")
+        ]
+        if message
+        else []
+    )
     return {
         "message": message,
         "payload": for_user(user, message.payload) if message else None,
@@ -64,7 +73,5 @@ def dead_letter_story(letter: DeadLetter, *, user: Any) -> dict[str, Any]:
         "trace_messages": [{"m": m, "payload": for_user(user, m.payload)} for m in messages],
         "effects": effects,
         "cases": cases,
-        "audit": list(
-            AuditEntry.objects.filter(target=f"outbox.DeadLetter:{letter.pk}").select_related("actor")[:50]
-        ),
+        "audit": list(AuditEntry.objects.filter(target=f"outbox.DeadLetter:{letter.pk}").select_related("actor")[:50]),
     }

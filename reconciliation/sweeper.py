@@ -45,6 +45,7 @@ from bots.models import Bot, ConsumerRun, InboundUpdate, RunState, UpdateState
 from outbox import circuits
 from outbox import services as outbox_services
 from outbox import transitions as outbox_transitions
+from outbox.idempotency import idempotency_records_prune
 from outbox.models import Circuit, CircuitState, Effect, EffectState, ErrorClass, OnAmbiguous, OutboundMessage, State
 from reconciliation import services as reconciliation_services
 from reconciliation.models import CaseStatus, ReconciliationCase
@@ -117,9 +118,9 @@ def updates_prunable_qs(cutoff: datetime, max_id: int) -> QuerySet[InboundUpdate
     unfinished_runs = ConsumerRun.objects.filter(update=OuterRef("pk")).exclude(
         state__in=[RunState.DONE, RunState.CANCELLED]
     )
-    return InboundUpdate.objects.filter(
-        id__lte=max_id, state=UpdateState.DONE, received_at__lt=cutoff
-    ).filter(~Exists(unfinished_runs))
+    return InboundUpdate.objects.filter(id__lte=max_id, state=UpdateState.DONE, received_at__lt=cutoff).filter(
+        ~Exists(unfinished_runs)
+    )
 
 
 # --------------------------------------------------------------------------- the lock
@@ -285,9 +286,8 @@ def _retention_due() -> bool:
 def _retention(now: datetime, report: dict[str, int]) -> None:
     if not _retention_due():
         return
-    purge = getattr(outbox_services, "outbound_messages_purge_payloads", None)
-    if purge is not None:
-        report["payloads_purged"] += int(purge() or 0)
+    report["payloads_purged"] += outbox_services.outbound_messages_purge_payloads()
+    report["idempotency_records_pruned"] += idempotency_records_prune()
     # Never under Telegram's 24 hours of update redelivery: a pruned dedupe row would let
     # a redelivered update in twice.
     days = max(1, int(settings.DOVECOTE_LEDGER_RETENTION_DAYS))
@@ -310,10 +310,22 @@ def sweep() -> dict[str, int]:
     """One sweep; returns what it did. With another sweeper running: {"skipped": 1}."""
     report = dict.fromkeys(
         (
-            "updates_redispatched", "updates_released", "runs_released", "runs_cancelled_too_old",
-            "runs_redispatched", "messages_released", "messages_unknown", "messages_auto_resent",
-            "messages_expired", "messages_probes", "messages_ramped", "messages_redispatched",
-            "payloads_purged", "effects_pruned", "updates_pruned",
+            "updates_redispatched",
+            "updates_released",
+            "runs_released",
+            "runs_cancelled_too_old",
+            "runs_redispatched",
+            "messages_released",
+            "messages_unknown",
+            "messages_auto_resent",
+            "messages_expired",
+            "messages_probes",
+            "messages_ramped",
+            "messages_redispatched",
+            "payloads_purged",
+            "idempotency_records_pruned",
+            "effects_pruned",
+            "updates_pruned",
         ),
         0,
     )

@@ -80,8 +80,10 @@ def effect_prefix(run: ConsumerRun) -> str:
 def _check_message(letter: DeadLetter, message: OutboundMessage) -> RetryResult | None:
     """The stored key first (refuse if it is done), then the current state (skip if stale)."""
     if message.state == State.SENT:
-        return RetryResult(REFUSED, f"already delivered: message {message.pk} was sent "
-                                    f"(Telegram message id {message.telegram_message_id})")
+        return RetryResult(
+            REFUSED,
+            f"already delivered: message {message.pk} was sent (Telegram message id {message.telegram_message_id})",
+        )
     newer = (
         OutboundMessage.objects.filter(idempotency_key=letter.idempotency_key, state=State.SENT)
         .exclude(pk=message.pk)
@@ -232,7 +234,10 @@ def _close(letter: DeadLetter, *, user: Any, status: str, note: str, action: str
             status=status, resolution_note=note[:2000], resolved_at=timezone.now()
         )
         audit_record(
-            actor=user, action=action, target=_target(letter), reason=note,
+            actor=user,
+            action=action,
+            target=_target(letter),
+            reason=note,
             outcome=status if n else "not open: nothing changed",
             details={"idempotency_key": letter.idempotency_key},
         )
@@ -241,14 +246,20 @@ def _close(letter: DeadLetter, *, user: Any, status: str, note: str, action: str
 
 def dead_letter_resolve(letter: DeadLetter, user: Any, note: str) -> bool:
     """open -> resolved (handled by hand). False when it was not open."""
-    return _close(letter, user=user, status=DeadLetterStatus.RESOLVED, note=_require(note, "a note"),
-                  action="deadletter.resolve")
+    return _close(
+        letter, user=user, status=DeadLetterStatus.RESOLVED, note=_require(note, "a note"), action="deadletter.resolve"
+    )
 
 
 def dead_letter_discard(letter: DeadLetter, user: Any, reason: str) -> bool:
     """open -> discarded (not worth doing). False when it was not open."""
-    return _close(letter, user=user, status=DeadLetterStatus.DISCARDED, note=_require(reason, "a reason"),
-                  action="deadletter.discard")
+    return _close(
+        letter,
+        user=user,
+        status=DeadLetterStatus.DISCARDED,
+        note=_require(reason, "a reason"),
+        action="deadletter.discard",
+    )
 
 
 def dead_letter_assign(letter: DeadLetter, user: Any, owner: Any) -> None:
@@ -257,7 +268,9 @@ def dead_letter_assign(letter: DeadLetter, user: Any, owner: Any) -> None:
         previous = DeadLetter.objects.filter(pk=letter.pk).values_list("owner__username", flat=True).first()
         DeadLetter.objects.filter(pk=letter.pk).update(owner=_user(owner))
         audit_record(
-            actor=user, action="deadletter.assign", target=_target(letter),
+            actor=user,
+            action="deadletter.assign",
+            target=_target(letter),
             outcome=f"owner {previous or '-'} -> {owner or '-'}",
         )
 
@@ -284,12 +297,22 @@ def bulk_retry_start(letters: QuerySet | Iterable[int], user: Any, reason: str, 
     cap = max(1, int(min(rates, default=settings.DOVECOTE_DEFAULT_RATE_LIMIT) * tick))
     with transaction.atomic():
         bulk = BulkRetry.objects.create(
-            created_by=_user(user), reason=reason, scope=scope[:300], item_ids=ids, total=len(ids),
-            first_batch=min(first, cap), max_batch=cap, tick_seconds=tick,
-            state=BulkState.RUNNING if ids else BulkState.DONE, finished_at=None if ids else timezone.now(),
+            created_by=_user(user),
+            reason=reason,
+            scope=scope[:300],
+            item_ids=ids,
+            total=len(ids),
+            first_batch=min(first, cap),
+            max_batch=cap,
+            tick_seconds=tick,
+            state=BulkState.RUNNING if ids else BulkState.DONE,
+            finished_at=None if ids else timezone.now(),
         )
         audit_record(
-            actor=user, action="deadletter.bulk_retry", target=f"reconciliation.BulkRetry:{bulk.pk}", reason=reason,
+            actor=user,
+            action="deadletter.bulk_retry",
+            target=f"reconciliation.BulkRetry:{bulk.pk}",
+            reason=reason,
             outcome=f"planned {len(ids)} items: first batch {bulk.first_batch}, at most {cap} per {tick:g}s",
             details={"scope": scope, "items": len(ids)},
         )
@@ -342,12 +365,16 @@ def bulk_retry_tick(bulk_id: int) -> float | None:
         done = bulk.released >= bulk.total
         if done:
             bulk.state, bulk.finished_at = BulkState.DONE, timezone.now()
-        bulk.save(update_fields=["released", "requeued", "refused", "skipped", "batches", "reasons", "state",
-                                 "finished_at"])
+        bulk.save(
+            update_fields=["released", "requeued", "refused", "skipped", "batches", "reasons", "state", "finished_at"]
+        )
         if done:
             audit_record(
-                actor=bulk.created_by, action="deadletter.bulk_retry_done",
-                target=f"reconciliation.BulkRetry:{bulk.pk}", reason=bulk.reason, outcome=bulk_summary(bulk),
+                actor=bulk.created_by,
+                action="deadletter.bulk_retry_done",
+                target=f"reconciliation.BulkRetry:{bulk.pk}",
+                reason=bulk.reason,
+                outcome=bulk_summary(bulk),
                 details={"reasons": reasons, "batches": bulk.batches},
             )
     return None if done else bulk.tick_seconds
@@ -359,8 +386,10 @@ def _reason_bucket(reason: str) -> str:
 
 
 def bulk_summary(bulk: BulkRetry) -> str:
-    return (f"{bulk.requeued} requeued, {bulk.refused} refused (already done), {bulk.skipped} skipped (stale or "
-            f"handled); {bulk.released} of {bulk.total} checked")
+    return (
+        f"{bulk.requeued} requeued, {bulk.refused} refused (already done), {bulk.skipped} skipped (stale or "
+        f"handled); {bulk.released} of {bulk.total} checked"
+    )
 
 
 def bulk_retry_cancel(bulk: BulkRetry, user: Any, reason: str = "") -> bool:
@@ -371,8 +400,11 @@ def bulk_retry_cancel(bulk: BulkRetry, user: Any, reason: str = "") -> bool:
         )
         bulk.refresh_from_db()
         audit_record(
-            actor=user, action="deadletter.bulk_retry_cancel", target=f"reconciliation.BulkRetry:{bulk.pk}",
-            reason=reason, outcome=("cancelled; " if n else "not running; ") + bulk_summary(bulk),
+            actor=user,
+            action="deadletter.bulk_retry_cancel",
+            target=f"reconciliation.BulkRetry:{bulk.pk}",
+            reason=reason,
+            outcome=("cancelled; " if n else "not running; ") + bulk_summary(bulk),
         )
     return n == 1
 

@@ -127,20 +127,29 @@ def _dashboard_gauges(gauge: Any) -> None:
     gauge(
         "dovecote_bot_outbox_items",
         "outbox rows by bot and state",
-        [({"bot": name, "state": state}, n) for name, numbers in per_bot.items()
-         for state, n in numbers["backlog"]["outbox"].items()],
+        [
+            ({"bot": name, "state": state}, n)
+            for name, numbers in per_bot.items()
+            for state, n in numbers["backlog"]["outbox"].items()
+        ],
     )
     gauge(
         "dovecote_bot_reply_latency_seconds",
         "webhook to sent reply over the last hour, by bot and quantile",
-        [({"bot": name, "quantile": q}, numbers["reply_latency"][k]) for name, numbers in per_bot.items()
-         for q, k in (("0.5", "p50"), ("0.95", "p95"))],
+        [
+            ({"bot": name, "quantile": q}, numbers["reply_latency"][k])
+            for name, numbers in per_bot.items()
+            for q, k in (("0.5", "p50"), ("0.95", "p95"))
+        ],
     )
     gauge(
         "dovecote_bot_dead_letters_open",
         "open dead letters by bot and reason",
-        [({"bot": name, "reason": r}, n) for name, numbers in per_bot.items()
-         for r, n in numbers["dead_letters_by_reason"].items()],
+        [
+            ({"bot": name, "reason": r}, n)
+            for name, numbers in per_bot.items()
+            for r, n in numbers["dead_letters_by_reason"].items()
+        ],
     )
     gauge(
         "dovecote_bot_oldest_waiting_seconds",

@@ -138,7 +138,12 @@ class FakeOpenAI(FakeServer):
 
 
 def message_update(
-    *, chat_id: int, text: str, message_id: int, update_id: int | None = None, chat_type: str = "private",
+    *,
+    chat_id: int,
+    text: str,
+    message_id: int,
+    update_id: int | None = None,
+    chat_type: str = "private",
     date: int | None = None,
 ) -> dict[str, Any]:
     user = {"id": abs(chat_id), "is_bot": False, "first_name": "Alice"}

@@ -142,8 +142,9 @@ def test_a_crm_that_rejects_the_event_dead_letters_the_run_at_once(bot, crm: Fak
 @pytest.mark.django_db
 def test_analytics_records_one_event_per_update_with_its_latency(bot) -> None:
     sent_at = int(timezone.now().timestamp()) - 3
-    update = receive(bot, message_update(chat_id=-100200, text="hi all", message_id=9, chat_type="supergroup",
-                                         date=sent_at))
+    update = receive(
+        bot, message_update(chat_id=-100200, text="hi all", message_id=9, chat_type="supergroup", date=sent_at)
+    )
     assert execute(update, "analytics") == "done"
     # A re-run (a worker died after writing) adds nothing.
     ConsumerRun.objects.filter(pk=run_of(update, "analytics").pk).update(state=RunState.RETRY)
@@ -259,8 +260,9 @@ def test_the_openai_responder_sends_the_models_answer_with_the_chats_history(
     bot_factory, sandbox, model: FakeOpenAI
 ) -> None:
     shop = bot_factory(responder="openai", openai_model="shop-model-7b", system_prompt="You sell bikes.")
-    with override_settings(OPENAI_BASE_URL=model.base_url, OPENAI_API_KEY="sk-test-key",
-                           DOVECOTE_OPENAI_MODEL="default-model"):
+    with override_settings(
+        OPENAI_BASE_URL=model.base_url, OPENAI_API_KEY="sk-test-key", DOVECOTE_OPENAI_MODEL="default-model"
+    ):
         first = receive(shop, message_update(chat_id=77, text="Hi", message_id=1))
         model.reply = "Hello! How can I help?"
         assert execute(first, "auto_reply") == "done"

@@ -24,8 +24,15 @@ from tests.reconciliation.triage_helpers import failed_row, persona
 pytestmark = [pytest.mark.browser]
 
 CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--no-first-run"]
+ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "dashboard.png"
 
 
@@ -107,8 +114,13 @@ def _demo_traffic(bot_factory) -> None:
         update = stored_update(shop, chat_id=5000 + i)
         received = now - timedelta(minutes=50 - 2 * i)
         type(update).objects.filter(pk=update.pk).update(received_at=received)
-        message_row(shop, key=f"reply:{i}", state=State.SENT, source_update=update,
-                    sent_at=received + timedelta(seconds=0.4 + (i % 7) * 0.35 + (3.5 if i % 11 == 0 else 0)))
+        message_row(
+            shop,
+            key=f"reply:{i}",
+            state=State.SENT,
+            source_update=update,
+            sent_at=received + timedelta(seconds=0.4 + (i % 7) * 0.35 + (3.5 if i % 11 == 0 else 0)),
+        )
     for i in range(6):
         message_row(shop, key=f"waiting:{i}", state=State.PENDING if i % 2 else State.RETRY)
     for i, reason in enumerate([ErrorClass.PERMANENT] * 3 + [ErrorClass.EXHAUSTED] * 5 + [ErrorClass.AUTH] * 2):

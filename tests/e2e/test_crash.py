@@ -33,8 +33,9 @@ LEASE = 2  # seconds: DOVECOTE_SEND_LEASE_SECONDS for the worker, so a dead one 
 NO_GRACE = override_settings(DOVECOTE_REDISPATCH_GRACE_SECONDS=0)
 
 
-def crash_worker(process_env: dict[str, str], processes: list[Process], *, failpoint: str = "",
-                 name: str = "worker") -> Process:
+def crash_worker(
+    process_env: dict[str, str], processes: list[Process], *, failpoint: str = "", name: str = "worker"
+) -> Process:
     env = {**process_env, "DOVECOTE_SEND_LEASE_SECONDS": str(LEASE)}
     if failpoint:
         env["DOVECOTE_FAILPOINTS"] = failpoint
@@ -44,8 +45,9 @@ def crash_worker(process_env: dict[str, str], processes: list[Process], *, failp
 
 
 def enqueue(bot, key: str, text: str = "Your order #1 is confirmed") -> OutboundMessage:
-    message, created = outbound_message_enqueue(bot_id=bot.pk, chat_id=4242, payload={"text": text},
-                                                idempotency_key=key)
+    message, created = outbound_message_enqueue(
+        bot_id=bot.pk, chat_id=4242, payload={"text": text}, idempotency_key=key
+    )
     assert created
     return message
 
@@ -86,8 +88,9 @@ def test_a_producer_killed_before_its_commit_leaves_nothing_and_its_retry_sends_
 ) -> None:
     bot = bot_factory()
     env = {**process_env, "BOT_ID": str(bot.pk)}
-    died = subprocess.run([sys.executable, "-c", PRODUCER], cwd=ROOT, env={**env, "DIE_BEFORE_COMMIT": "1"},
-                          check=False, timeout=60)
+    died = subprocess.run(
+        [sys.executable, "-c", PRODUCER], cwd=ROOT, env={**env, "DIE_BEFORE_COMMIT": "1"}, check=False, timeout=60
+    )
     assert died.returncode == -9
     assert not OutboundMessage.objects.filter(bot=bot).exists()
     assert sandbox.calls(token=bot.token) == []
@@ -218,6 +221,7 @@ def test_beat_runs_the_sweeper_scheduled_by_the_migration(
     processes.append(beat)
     crash_worker(process_env, processes, name="worker-beat")
     wait_until(
-        lambda: OutboundMessage.objects.get(pk=stuck.pk).state != State.SENDING, timeout=30,
+        lambda: OutboundMessage.objects.get(pk=stuck.pk).state != State.SENDING,
+        timeout=30,
         message=f"beat to run the sweeper:\n{beat.log()}",
     )

@@ -101,9 +101,7 @@ def test_a_burst_of_three_messages_gets_one_reply_and_a_later_message_its_own(
     sandbox.push_message(bot.token, chat_id=77, text="Hello??")
     wait_until(lambda: len(sandbox.sent_texts(token=bot.token, chat_id=77)) == 2, timeout=20, message="2nd reply")
     assert sandbox.sent_texts(token=bot.token, chat_id=77)[1] == "Echo: Hello??"
-    outcomes = sorted(
-        ConsumerRun.objects.filter(bot=bot, consumer="auto_reply").values_list("outcome", flat=True)
-    )
+    outcomes = sorted(ConsumerRun.objects.filter(bot=bot, consumer="auto_reply").values_list("outcome", flat=True))
     assert outcomes == ["answered 1", "answered 3", "coalesced", "coalesced"]
     assert OutboundMessage.objects.filter(bot=bot, state=State.SENT).count() == 2
 
@@ -112,9 +110,7 @@ def test_poll_updates_stores_what_arrives_and_stops_cleanly_on_ctrl_c(
     process_env: dict, processes: list, sandbox, bot_factory
 ) -> None:
     bot = bot_factory()
-    poller = Process(
-        "poller", [sys.executable, "manage.py", "poll_updates", bot.name, "--timeout", "10"], process_env
-    )
+    poller = Process("poller", [sys.executable, "manage.py", "poll_updates", bot.name, "--timeout", "10"], process_env)
     processes.append(poller)
     wait_until(lambda: "Polling" in poller.log() or not poller.alive(), timeout=20, message="poller started")
 

@@ -16,9 +16,7 @@ _keys = count(1)
 STOP = {"circuit-open", "circuit-opened", "waiting-for-earlier", "not-waiting"}
 
 
-def enqueue(
-    bot: Any, *, chat_id: int = 42, text: str = "hello", key: str | None = None, **kw: Any
-) -> OutboundMessage:
+def enqueue(bot: Any, *, chat_id: int = 42, text: str = "hello", key: str | None = None, **kw: Any) -> OutboundMessage:
     message, _ = services.outbound_message_enqueue(
         bot_id=bot.pk,
         chat_id=chat_id,

@@ -72,7 +72,9 @@ def test_the_same_key_while_the_first_request_is_in_progress_is_409(alice, bot) 
     body = body_for(bot)
     # The first request has claimed the key and not answered yet.
     begun = idempotency.idempotency_begin(
-        scope=f"user:{alice.user.pk}:messages", key="slow-1", fingerprint=idempotency.request_fingerprint(body),
+        scope=f"user:{alice.user.pk}:messages",
+        key="slow-1",
+        fingerprint=idempotency.request_fingerprint(body),
         user=alice.user,
     )
     assert begun.outcome == "new"
@@ -242,7 +244,9 @@ def test_a_stale_in_progress_key_is_taken_over(alice, bot) -> None:
 
     body = body_for(bot)
     idempotency.idempotency_begin(
-        scope=f"user:{alice.user.pk}:messages", key="crashed", fingerprint=idempotency.request_fingerprint(body),
+        scope=f"user:{alice.user.pk}:messages",
+        key="crashed",
+        fingerprint=idempotency.request_fingerprint(body),
         user=alice.user,
     )
     IdempotencyRecord.objects.filter(key="crashed").update(created_at=timezone.now() - timedelta(minutes=5))

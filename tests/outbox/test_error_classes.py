@@ -57,7 +57,9 @@ def test_a_5xx_is_retried_with_backoff_and_then_sent(bot, sandbox) -> None:
 
     assert message.state == State.SENT
     assert list(message.attempt_set.values_list("outcome", "http_status")) == [
-        (ErrorClass.TRANSIENT, 502), (ErrorClass.TRANSIENT, 502), ("ok", 200)
+        (ErrorClass.TRANSIENT, 502),
+        (ErrorClass.TRANSIENT, 502),
+        ("ok", 200),
     ]
     ats = [c["at"] for c in sandbox.calls(token=bot.token)]
     assert all(b - a >= 0.005 for a, b in itertools.pairwise(ats))

@@ -22,8 +22,9 @@ pytestmark = pytest.mark.django_db
 def test_sent_payloads_past_retention_lose_text_and_markup_but_keep_metadata(bot, sandbox) -> None:
     markup = {"inline_keyboard": [[{"text": "Pay", "callback_data": "pay:7"}]]}
     old = enqueue(bot, chat_id=1, text="Your code is 4711")
-    OutboundMessage.objects.filter(pk=old.pk).update(payload={"text": "Your code is 4711", "parse_mode": "HTML",
-                                                              "reply_markup": markup})
+    OutboundMessage.objects.filter(pk=old.pk).update(
+        payload={"text": "Your code is 4711", "parse_mode": "HTML", "reply_markup": markup}
+    )
     recent = enqueue(bot, chat_id=2, text="recent")
     waiting = enqueue(bot, chat_id=3, text="not sent yet")
     drive(old.pk)

@@ -316,8 +316,10 @@ def test_a_bot_token_is_never_shown_and_pause_resume_are_audited(bot, developer)
     assert Circuit.objects.get(scope=f"bot:{bot.pk}").state == CircuitState.OPEN
     client.post(reverse("dovecote_circuit", args=["resume"]) + f"?scope=bot:{bot.pk}", {"reason": "over"})
     assert Circuit.objects.get(scope=f"bot:{bot.pk}").state == CircuitState.CLOSED
-    assert list(AuditEntry.objects.order_by("pk").values_list("action", flat=True)) == ["circuit.pause",
-                                                                                         "circuit.resume"]
+    assert list(AuditEntry.objects.order_by("pk").values_list("action", flat=True)) == [
+        "circuit.pause",
+        "circuit.resume",
+    ]
 
 
 def test_the_dashboard_renders_charts_a_live_fragment_and_json(sandbox, bot, operator, viewer) -> None:
@@ -342,9 +344,16 @@ def test_the_dashboard_renders_charts_a_live_fragment_and_json(sandbox, bot, ope
 def test_metrics_export_the_dashboard_numbers_and_keep_the_old_names(sandbox, bot) -> None:
     failed_by_sandbox(sandbox, bot)
     text = Client().get("/metrics").content.decode()
-    for name in ("dovecote_outbox_items", "dovecote_dead_letters_open", "dovecote_reconciliation_cases_open",
-                 "dovecote_reply_latency_seconds", "dovecote_failed_share", "dovecote_retries_per_day",
-                 "dovecote_circuit_paused", "dovecote_bot_outbox_items"):
+    for name in (
+        "dovecote_outbox_items",
+        "dovecote_dead_letters_open",
+        "dovecote_reconciliation_cases_open",
+        "dovecote_reply_latency_seconds",
+        "dovecote_failed_share",
+        "dovecote_retries_per_day",
+        "dovecote_circuit_paused",
+        "dovecote_bot_outbox_items",
+    ):
         assert f"# TYPE {name} gauge" in text, name
     assert f'dovecote_bot_dead_letters_open{{bot="{bot.name}",reason="permanent"}} 1' in text
     names = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")]

@@ -38,7 +38,8 @@ def send_now(message: OutboundMessage) -> str:
     """Send, waiting out the chat's 1 msg/s limit (the first send used this second's slot)."""
     return wait_until(
         lambda: (status := outbound_message_send(message.pk).status) not in ("rate-limited", "not-due") and status,
-        timeout=5, interval=0.2,
+        timeout=5,
+        interval=0.2,
     )
 
 
@@ -77,7 +78,10 @@ def test_mark_delivered_records_who_why_and_the_telegram_message_id(bot, sandbox
     assert message.sent_at is not None
     case.refresh_from_db()
     assert (case.status, case.decision, case.decided_by, case.decision_reason) == (
-        CaseStatus.RESOLVED, Decision.MARK_DELIVERED, alice, "customer quoted it back",
+        CaseStatus.RESOLVED,
+        Decision.MARK_DELIVERED,
+        alice,
+        "customer quoted it back",
     )
     assert case.decided_at is not None
     entry = AuditEntry.objects.get(target=f"outbox.OutboundMessage:{message.pk}")

@@ -54,8 +54,11 @@ def test_the_context_manager_form_keeps_the_external_id(db: None) -> None:
 
 def test_a_live_lease_stops_a_second_runner(db: None) -> None:
     Effect.objects.create(
-        key="eff:test:live", state=EffectState.STARTED, lease_owner="bob:1",
-        lease_expires_at=timezone.now() + timedelta(minutes=5), attempts=1,
+        key="eff:test:live",
+        state=EffectState.STARTED,
+        lease_owner="bob:1",
+        lease_expires_at=timezone.now() + timedelta(minutes=5),
+        attempts=1,
     )
     crm = FakeCrm()
     with pytest.raises(EffectInProgress):
@@ -99,8 +102,11 @@ def test_an_unknown_effect_is_not_repeated_and_opens_one_case(db: None) -> None:
 
 def test_an_abandoned_effect_whose_lease_ran_out_counts_as_unknown(db: None) -> None:
     Effect.objects.create(
-        key="eff:test:abandoned", state=EffectState.STARTED, lease_owner="dead:1",
-        lease_expires_at=timezone.now() - timedelta(seconds=1), attempts=1,
+        key="eff:test:abandoned",
+        state=EffectState.STARTED,
+        lease_owner="dead:1",
+        lease_expires_at=timezone.now() - timedelta(seconds=1),
+        attempts=1,
     )
     crm = FakeCrm()
     with pytest.raises(EffectAmbiguous):
@@ -158,7 +164,9 @@ def test_the_consumer_context_turns_barrier_refusals_into_consumer_errors(bot, d
     update = stored_update(bot)
     ctx = ctx_for(update)
     Effect.objects.create(
-        key=ctx.effect_key("order"), state=EffectState.STARTED, lease_owner="bob:1",
+        key=ctx.effect_key("order"),
+        state=EffectState.STARTED,
+        lease_owner="bob:1",
         lease_expires_at=timezone.now() + timedelta(minutes=5),
     )
     with pytest.raises(TransientError):

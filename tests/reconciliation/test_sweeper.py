@@ -79,8 +79,14 @@ def test_a_message_past_its_expiry_is_cancelled_with_a_reason(bot) -> None:
 def test_a_consumer_run_whose_worker_died_is_retried(bot) -> None:
     update = stored_update(bot)
     run = ConsumerRun.objects.create(
-        update=update, bot=bot, consumer="auto_reply", state=RunState.RUNNING, attempts=1,
-        next_attempt_at=timezone.now(), lease_owner="dead:1", lease_expires_at=timezone.now() - timedelta(seconds=1),
+        update=update,
+        bot=bot,
+        consumer="auto_reply",
+        state=RunState.RUNNING,
+        attempts=1,
+        next_attempt_at=timezone.now(),
+        lease_owner="dead:1",
+        lease_expires_at=timezone.now() - timedelta(seconds=1),
         trace_id=update.trace_id,
     )
     assert sweep()["runs_released"] == 1
@@ -92,7 +98,11 @@ def test_a_consumer_run_older_than_its_consumers_max_age_is_cancelled_not_run_la
     update = stored_update(bot)
     InboundUpdate.objects.filter(pk=update.pk).update(received_at=timezone.now() - timedelta(days=2))
     run = ConsumerRun.objects.create(
-        update=update, bot=bot, consumer="auto_reply", state=RunState.RETRY, next_attempt_at=timezone.now(),
+        update=update,
+        bot=bot,
+        consumer="auto_reply",
+        state=RunState.RETRY,
+        next_attempt_at=timezone.now(),
         trace_id=update.trace_id,
     )
     assert sweep()["runs_cancelled_too_old"] == 1
@@ -122,10 +132,17 @@ def test_old_ledger_and_dedupe_rows_are_pruned_and_recent_or_open_ones_kept(bot)
     for update in (old_update, old_failed_run_update, young_update):
         InboundUpdate.objects.filter(pk=update.pk).update(state=UpdateState.DONE)
     ConsumerRun.objects.create(
-        update=old_update, bot=bot, consumer="auto_reply", state=RunState.DONE, next_attempt_at=timezone.now(),
+        update=old_update,
+        bot=bot,
+        consumer="auto_reply",
+        state=RunState.DONE,
+        next_attempt_at=timezone.now(),
     )
     ConsumerRun.objects.create(
-        update=old_failed_run_update, bot=bot, consumer="auto_reply", state=RunState.FAILED,
+        update=old_failed_run_update,
+        bot=bot,
+        consumer="auto_reply",
+        state=RunState.FAILED,
         next_attempt_at=timezone.now(),
     )
     for update in (old_update, old_failed_run_update):

@@ -68,7 +68,9 @@ def history(bot) -> None:
         update=update, bot=bot, consumer="auto_reply", state=RunState.DONE, next_attempt_at=NOW
     )
     clone_rows(
-        ConsumerRun, run.pk, ROWS,
+        ConsumerRun,
+        run.pk,
+        ROWS,
         {"update_id": "(SELECT min(id) FROM bots_inboundupdate) + g", "consumer": "'auto_reply'"},
     )
     sent = message_row(bot, state=State.SENT)

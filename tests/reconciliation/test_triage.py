@@ -219,8 +219,13 @@ def test_recover_since_takes_only_the_chosen_bot_reason_and_time(bot_factory, al
     failed_row(bot, reason_class=ErrorClass.PERMANENT)
     failed_row(other)
 
-    bulk = triage.recover_since(user=alice, reason="gateway fixed", since=timezone.now() - timedelta(hours=1),
-                                reason_class=ErrorClass.EXHAUSTED, bot_id=bot.pk)
+    bulk = triage.recover_since(
+        user=alice,
+        reason="gateway fixed",
+        since=timezone.now() - timedelta(hours=1),
+        reason_class=ErrorClass.EXHAUSTED,
+        bot_id=bot.pk,
+    )
 
     assert sorted(bulk.item_ids) == sorted(x.pk for x in wanted)
     assert "recover since" in bulk.scope
@@ -255,8 +260,10 @@ def test_pause_and_resume_a_bot_open_and_close_its_circuit_by_hand(bot, alice) -
 
     triage.circuit_resume(scope, alice, "incident over")
     assert Circuit.objects.get(scope=scope).state == CircuitState.CLOSED
-    assert list(AuditEntry.objects.order_by("pk").values_list("action", flat=True)) == ["circuit.pause",
-                                                                                         "circuit.resume"]
+    assert list(AuditEntry.objects.order_by("pk").values_list("action", flat=True)) == [
+        "circuit.pause",
+        "circuit.resume",
+    ]
 
 
 @pytest.mark.e2e

@@ -15,11 +15,15 @@ from tests.reconciliation.factories import message_row, stored_update
 _keys = itertools.count(1)
 
 
-def failed_by_sandbox(sandbox: Any, bot: Bot, *, text: str = "Your order #1 is ready, Alice", chat_id: int = 4242,
-                      key: str | None = None) -> DeadLetter:
+def failed_by_sandbox(
+    sandbox: Any, bot: Bot, *, text: str = "Your order #1 is ready, Alice", chat_id: int = 4242, key: str | None = None
+) -> DeadLetter:
     """Enqueue and send through the real send path while the sandbox answers 403 once."""
     message, _ = outbox_services.outbound_message_enqueue(
-        bot_id=bot.pk, chat_id=chat_id, payload={"text": text}, idempotency_key=key or f"order:{next(_keys)}",
+        bot_id=bot.pk,
+        chat_id=chat_id,
+        payload={"text": text},
+        idempotency_key=key or f"order:{next(_keys)}",
         trace_id=f"trace-{next(_keys)}",
     )
     sandbox.fault("403", count=1)
@@ -31,24 +35,50 @@ def failed_by_sandbox(sandbox: Any, bot: Bot, *, text: str = "Your order #1 is r
 def failed_row(bot: Bot, *, reason_class: str = ErrorClass.EXHAUSTED, chat_id: int = 4242, **fields: Any) -> DeadLetter:
     """A failed message and its dead letter, written directly (many of them, cheaply)."""
     n = next(_keys)
-    message = message_row(bot, key=f"bulk:{n}", state=State.FAILED, chat_id=chat_id, attempts=8,
-                          last_error="Bad Gateway", last_error_class=reason_class, **fields)
+    message = message_row(
+        bot,
+        key=f"bulk:{n}",
+        state=State.FAILED,
+        chat_id=chat_id,
+        attempts=8,
+        last_error="Bad Gateway",
+        last_error_class=reason_class,
+        **fields,
+    )
     return DeadLetter.objects.create(
-        bot=bot, message=message, reason_class=reason_class, first_error="Bad Gateway", last_error="Bad Gateway",
-        trace_id=f"t{n}", chat_id=chat_id, idempotency_key=message.idempotency_key,
+        bot=bot,
+        message=message,
+        reason_class=reason_class,
+        first_error="Bad Gateway",
+        last_error="Bad Gateway",
+        trace_id=f"t{n}",
+        chat_id=chat_id,
+        idempotency_key=message.idempotency_key,
     )
 
 
 def failed_run(bot: Bot, *, consumer: str = "auto_reply") -> DeadLetter:
     update = stored_update(bot)
     run = ConsumerRun.objects.create(
-        update=update, bot=bot, consumer=consumer, state=RunState.FAILED, attempts=5,
+        update=update,
+        bot=bot,
+        consumer=consumer,
+        state=RunState.FAILED,
+        attempts=5,
         next_attempt_at=update.received_at,
-        trace_id=update.trace_id, last_error="RuntimeError: CRM down", last_error_class="exhausted",
+        trace_id=update.trace_id,
+        last_error="RuntimeError: CRM down",
+        last_error_class="exhausted",
     )
     return DeadLetter.objects.create(
-        bot=bot, consumer_run=run, consumer=consumer, reason_class=ErrorClass.EXHAUSTED, last_error="CRM down",
-        trace_id=update.trace_id, chat_id=update.chat_id, idempotency_key=f"upd:{update.update_id}:{consumer}",
+        bot=bot,
+        consumer_run=run,
+        consumer=consumer,
+        reason_class=ErrorClass.EXHAUSTED,
+        last_error="CRM down",
+        trace_id=update.trace_id,
+        chat_id=update.chat_id,
+        idempotency_key=f"upd:{update.update_id}:{consumer}",
     )
 
 
