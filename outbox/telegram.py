@@ -23,6 +23,11 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import httpx
+
+# Opt in to PTB 22's future type for RetryAfter.retry_after (a timedelta); _seconds() reads
+# either, and without this every 429 logs a deprecation warning.
+os.environ.setdefault("PTB_TIMEDELTA", "1")
+
 import telegram
 from django.conf import settings
 from telegram import error as tg_error
