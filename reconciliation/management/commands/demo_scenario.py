@@ -60,8 +60,7 @@ class Command(BaseCommand):
         sandbox = SandboxClient(options["sandbox"])
         self.wait_for(f"{options['web']}/healthz", "web")
         self.wait_for(f"{options['sandbox']}/sandbox/health", "sandbox")
-        call_command("set_webhook", bot.name, "--url", options["web"])
-        sandbox.reset()
+        sandbox.reset()  # a fresh story each run (this also forgets the webhook)
         call_command("set_webhook", bot.name, "--url", options["web"])
         token = bot.token
         line = "-" * 72
