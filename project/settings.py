@@ -43,6 +43,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI's files, served locally: no CDN
     "django_celery_beat",
     "outbox",
     "bots",
@@ -223,6 +224,9 @@ SPECTACULAR_SETTINGS = {
     "TITLE": "Dovecote API",
     "DESCRIPTION": "Durable, idempotent Telegram Bot API outbox.",
     "VERSION": "1.0.0",
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 # --- Logging: JSON lines, secrets and message text masked --------------------------------

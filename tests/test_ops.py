@@ -40,3 +40,18 @@ def test_metrics_exports_backlog_in_prometheus_text_format(client: Client, bot) 
     assert 'dovecote_outbox_items{state="pending"} 1' in body
     assert "dovecote_dead_letters_open 0" in body
     assert "dovecote_reconciliation_cases_open 0" in body
+
+
+def test_the_api_docs_and_admin_load_nothing_from_a_cdn(admin_client: Client) -> None:
+    import re
+
+    for url in ("/api/docs/", "/admin/", "/admin/ops/dashboard/"):
+        html = admin_client.get(url).content.decode()
+        external = re.findall(r"""(?:src|href)=["'](https?://[^"']+)""", html)
+        assert external == [], f"{url} loads {external}"
+
+
+def test_the_openapi_schema_is_served(client: Client) -> None:
+    response = client.get("/api/schema/")
+    assert response.status_code == 200
+    assert b"/api/v1/messages/" in response.content
