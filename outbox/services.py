@@ -17,15 +17,13 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Exists, OuterRef, Value
-from django.db.models.functions import Concat
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from outbox import circuits, policy, ratelimit, selectors, telegram, transitions
 from outbox.failpoints import failpoint
 from outbox.logging import current_trace_id
-from outbox.models import Circuit, CircuitState, ErrorClass, OnAmbiguous, OutboundMessage, State
+from outbox.models import ErrorClass, OnAmbiguous, OutboundMessage, State
 from outbox.publishing import publish
 
 logger = logging.getLogger(__name__)
@@ -210,27 +208,7 @@ def outbound_message_send(message_id: int, *, slot_reserved: bool = False) -> Se
     """
     worker = worker_id()
     now = timezone.now()
-    message = (
-        OutboundMessage.objects.select_related("bot")
-        .annotate(
-            circuit_not_closed=Exists(
-                Circuit.objects.filter(scope=Concat(Value("bot:"), OuterRef("bot_id"))).exclude(
-                    state=CircuitState.CLOSED
-                )
-            ),
-            # A circuit with failures to forget: a success must reset it.
-            circuit_dirty=Exists(
-                Circuit.objects.filter(scope=Concat(Value("bot:"), OuterRef("bot_id"))).exclude(
-                    state=CircuitState.CLOSED, consecutive_failures=0
-                )
-            ),
-            # One query for the row, its bot, its circuit and its chat's order: this is the
-            # hot path (see bench/drain_rate.py).
-            blocked=selectors.earlier_open_message_exists_expression(now),
-        )
-        .filter(pk=message_id)
-        .first()
-    )
+    message = selectors.outbound_message_for_send(message_id, now=now)
     if message is None or message.state not in (State.PENDING, State.RETRY):
         return SendResult("not-waiting")
     current_trace_id.set(message.trace_id)
@@ -299,10 +277,15 @@ def _record_outcome(
     message: OutboundMessage, *, worker: str, attempt: Any, outcome: telegram.CallOutcome
 ) -> SendResult:
     if outcome.ok:
-        transitions.mark_sent(message, worker=worker, attempt=attempt, outcome=outcome)
+        # The chat's next message comes back with the outcome's statement: no query of
+        # its own, and none at all for unordered messages (broadcasts).
+        sent = transitions.mark_sent(
+            message, worker=worker, attempt=attempt, outcome=outcome, kick_chat=message.ordered
+        )
         if getattr(message, "circuit_dirty", True):
             circuits.record_success(_circuit_scope(message.bot_id))
-        _kick_chat(message)
+        if sent.next_in_chat is not None and sent.next_in_chat != message.pk:
+            dispatch(sent.next_in_chat)
         return SendResult("sent")
 
     cls = outcome.error_class
