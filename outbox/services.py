@@ -213,7 +213,8 @@ def outbound_message_send(message_id: int, *, slot_reserved: bool = False) -> Se
         return SendResult("not-waiting")
     current_trace_id.set(message.trace_id)
     if message.next_attempt_at > now:
-        return SendResult("not-due", (message.next_attempt_at - now).total_seconds())
+        # Not this call's turn: a slot reserved for it stays reserved.
+        return SendResult("not-due", (message.next_attempt_at - now).total_seconds(), slot_reserved=slot_reserved)
     if message.expires_at and message.expires_at <= now:
         if transitions.cancel(message.pk, reason="expired: not sent before expires_at", error_class=ErrorClass.EXPIRED):
             _kick_chat(message)
@@ -454,6 +455,11 @@ def broadcast_enqueue(
             for key, chat_id in keys.items()
             if key not in existing
         ]
+        slots = _broadcast_slots(bot_id=bot_id, method=method, send_at=send_at, n=len(rows))
+        for row, delay in zip(rows, slots, strict=False):
+            # Due at its slot, in the row too (as a deferred send's is), so that the sweeper
+            # does not take it for lost meanwhile.
+            row.next_attempt_at = now + timedelta(seconds=delay)
         # A concurrent call with the same key may insert some first: theirs stand.
         OutboundMessage.objects.bulk_create(rows, batch_size=1000, ignore_conflicts=True)
         ids = dict(
@@ -462,14 +468,34 @@ def broadcast_enqueue(
             )
         )
         new_ids = [ids[row.idempotency_key] for row in rows if row.idempotency_key in ids]
+        reserved = {
+            ids[row.idempotency_key]: d for row, d in zip(rows, slots, strict=False) if row.idempotency_key in ids
+        }
         delay = max(0.0, (send_at - now).total_seconds()) if send_at else 0.0
 
         def publish_all() -> None:
             for pk in new_ids:
-                dispatch(pk, countdown=delay, bulk=True)
+                if pk in reserved:
+                    dispatch(pk, countdown=reserved[pk], slot_reserved=True, bulk=True)
+                else:
+                    dispatch(pk, countdown=delay, bulk=True)
 
         transaction.on_commit(publish_all)
     return BroadcastResult(message_ids=[ids[k] for k in keys if k in ids], created=len(rows))
+
+
+def _broadcast_slots(*, bot_id: int, method: str, send_at: datetime | None, n: int) -> list[float]:
+    """Rate-limit slots for a broadcast due now, reserved in one go: each message is then
+    dispatched once, for its slot, rather than once to ask for a slot and again to send
+    (which queued thousands of slot requests ahead of the sends; docs/PERFORMANCE.md).
+    Messages past the horizon get none and take the usual path."""
+    if not settings.DOVECOTE_RATE_LIMITS_ENABLED or method not in CREATES_MESSAGE or send_at or n == 0:
+        return []
+    bot_model = OutboundMessage._meta.get_field("bot").related_model
+    rate = bot_model.objects.filter(pk=bot_id).values_list("rate_limit", flat=True).first()
+    if not rate:
+        return []
+    return ratelimit.reserve_slots(bot_id, rate, n, horizon=policy.MAX_BROKER_COUNTDOWN_SECONDS)
 
 
 # Payload keys that carry what a person wrote or who they are; purged after retention.
