@@ -11,6 +11,7 @@ import hashlib
 import logging
 import os
 import socket
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -456,6 +457,7 @@ def broadcast_enqueue(
             if key not in existing
         ]
         slots = _broadcast_slots(bot_id=bot_id, method=method, send_at=send_at, n=len(rows))
+        reserved_at = time.monotonic()
         for row, delay in zip(rows, slots, strict=False):
             # Due at its slot, in the row too (as a deferred send's is), so that the sweeper
             # does not take it for lost meanwhile.
@@ -476,7 +478,10 @@ def broadcast_enqueue(
         def publish_all() -> None:
             for pk in new_ids:
                 if pk in reserved:
-                    dispatch(pk, countdown=reserved[pk], slot_reserved=True, bulk=True)
+                    # Counted from the reservation, not from this publish: publishing
+                    # thousands takes seconds, which would stretch the slots apart.
+                    countdown = max(0.0, reserved[pk] - (time.monotonic() - reserved_at))
+                    dispatch(pk, countdown=countdown, slot_reserved=True, bulk=True)
                 else:
                     dispatch(pk, countdown=delay, bulk=True)
 
