@@ -8,6 +8,7 @@ accounting. Without REDIS_URL (the demo) the state is per process.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -229,9 +230,9 @@ def acquire(*, bot_id: int, bot_rate: int, chat_id: int | None, slot_reserved: b
             return Wait(seconds, slot_reserved=True)
     # The window stops short of the full rate, between it and the slots' pace: sends that
     # fall behind their slots (a busy worker) run back to back, and a window filled to the
-    # full rate turned the requests' jitter into 429s; one at the slots' pace refused
-    # sends only a little late for their slot (bench/broadcast.py).
-    bot_item = RateLimitItemPerSecond(max(1, int(bot_rate * WINDOW_PACING)))
+    # full rate turned the requests' jitter into 429s (bench/broadcast.py); one below the
+    # slots' pace would refuse sends that keep to their slots.
+    bot_item = RateLimitItemPerSecond(max(math.ceil(bot_rate * PACING), int(bot_rate * WINDOW_PACING), 1))
     bot_key = f"bot:{bot_id}"
     if not limiter.hit(bot_item, bot_key):
         return Wait(_wait(limiter, bot_item, bot_key))
