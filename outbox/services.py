@@ -11,21 +11,20 @@ import hashlib
 import logging
 import os
 import socket
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import Exists, OuterRef, Value
-from django.db.models.functions import Concat
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from outbox import circuits, policy, ratelimit, selectors, telegram, transitions
 from outbox.failpoints import failpoint
 from outbox.logging import current_trace_id
-from outbox.models import Circuit, CircuitState, ErrorClass, OnAmbiguous, OutboundMessage, State
+from outbox.models import ErrorClass, OnAmbiguous, OutboundMessage, State
 from outbox.publishing import publish
 
 logger = logging.getLogger(__name__)
@@ -210,32 +209,13 @@ def outbound_message_send(message_id: int, *, slot_reserved: bool = False) -> Se
     """
     worker = worker_id()
     now = timezone.now()
-    message = (
-        OutboundMessage.objects.select_related("bot")
-        .annotate(
-            circuit_not_closed=Exists(
-                Circuit.objects.filter(scope=Concat(Value("bot:"), OuterRef("bot_id"))).exclude(
-                    state=CircuitState.CLOSED
-                )
-            ),
-            # A circuit with failures to forget: a success must reset it.
-            circuit_dirty=Exists(
-                Circuit.objects.filter(scope=Concat(Value("bot:"), OuterRef("bot_id"))).exclude(
-                    state=CircuitState.CLOSED, consecutive_failures=0
-                )
-            ),
-            # One query for the row, its bot, its circuit and its chat's order: this is the
-            # hot path (see bench/drain_rate.py).
-            blocked=selectors.earlier_open_message_exists_expression(now),
-        )
-        .filter(pk=message_id)
-        .first()
-    )
+    message = selectors.outbound_message_for_send(message_id, now=now)
     if message is None or message.state not in (State.PENDING, State.RETRY):
         return SendResult("not-waiting")
     current_trace_id.set(message.trace_id)
     if message.next_attempt_at > now:
-        return SendResult("not-due", (message.next_attempt_at - now).total_seconds())
+        # Not this call's turn: a slot reserved for it stays reserved.
+        return SendResult("not-due", (message.next_attempt_at - now).total_seconds(), slot_reserved=slot_reserved)
     if message.expires_at and message.expires_at <= now:
         if transitions.cancel(message.pk, reason="expired: not sent before expires_at", error_class=ErrorClass.EXPIRED):
             _kick_chat(message)
@@ -299,10 +279,15 @@ def _record_outcome(
     message: OutboundMessage, *, worker: str, attempt: Any, outcome: telegram.CallOutcome
 ) -> SendResult:
     if outcome.ok:
-        transitions.mark_sent(message, worker=worker, attempt=attempt, outcome=outcome)
+        # The chat's next message comes back with the outcome's statement: no query of
+        # its own, and none at all for unordered messages (broadcasts).
+        sent = transitions.mark_sent(
+            message, worker=worker, attempt=attempt, outcome=outcome, kick_chat=message.ordered
+        )
         if getattr(message, "circuit_dirty", True):
             circuits.record_success(_circuit_scope(message.bot_id))
-        _kick_chat(message)
+        if sent.next_in_chat is not None and sent.next_in_chat != message.pk:
+            dispatch(sent.next_in_chat)
         return SendResult("sent")
 
     cls = outcome.error_class
@@ -471,6 +456,12 @@ def broadcast_enqueue(
             for key, chat_id in keys.items()
             if key not in existing
         ]
+        slots = _broadcast_slots(bot_id=bot_id, method=method, send_at=send_at, n=len(rows))
+        reserved_at = time.monotonic()
+        for row, delay in zip(rows, slots, strict=False):
+            # Due at its slot, in the row too (as a deferred send's is), so that the sweeper
+            # does not take it for lost meanwhile.
+            row.next_attempt_at = now + timedelta(seconds=delay)
         # A concurrent call with the same key may insert some first: theirs stand.
         OutboundMessage.objects.bulk_create(rows, batch_size=1000, ignore_conflicts=True)
         ids = dict(
@@ -479,14 +470,37 @@ def broadcast_enqueue(
             )
         )
         new_ids = [ids[row.idempotency_key] for row in rows if row.idempotency_key in ids]
+        reserved = {
+            ids[row.idempotency_key]: d for row, d in zip(rows, slots, strict=False) if row.idempotency_key in ids
+        }
         delay = max(0.0, (send_at - now).total_seconds()) if send_at else 0.0
 
         def publish_all() -> None:
             for pk in new_ids:
-                dispatch(pk, countdown=delay, bulk=True)
+                if pk in reserved:
+                    # Counted from the reservation, not from this publish: publishing
+                    # thousands takes seconds, which would stretch the slots apart.
+                    countdown = max(0.0, reserved[pk] - (time.monotonic() - reserved_at))
+                    dispatch(pk, countdown=countdown, slot_reserved=True, bulk=True)
+                else:
+                    dispatch(pk, countdown=delay, bulk=True)
 
         transaction.on_commit(publish_all)
     return BroadcastResult(message_ids=[ids[k] for k in keys if k in ids], created=len(rows))
+
+
+def _broadcast_slots(*, bot_id: int, method: str, send_at: datetime | None, n: int) -> list[float]:
+    """Rate-limit slots for a broadcast due now, reserved in one go: each message is then
+    dispatched once, for its slot, rather than once to ask for a slot and again to send
+    (which queued thousands of slot requests ahead of the sends; docs/PERFORMANCE.md).
+    Messages past the horizon get none and take the usual path."""
+    if not settings.DOVECOTE_RATE_LIMITS_ENABLED or method not in CREATES_MESSAGE or send_at or n == 0:
+        return []
+    bot_model = OutboundMessage._meta.get_field("bot").related_model
+    rate = bot_model.objects.filter(pk=bot_id).values_list("rate_limit", flat=True).first()
+    if not rate:
+        return []
+    return ratelimit.reserve_slots(bot_id, rate, n, horizon=policy.MAX_BROKER_COUNTDOWN_SECONDS)
 
 
 # Payload keys that carry what a person wrote or who they are; purged after retention.

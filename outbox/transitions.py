@@ -10,25 +10,55 @@ overwrite a newer state because every UPDATE names the state and the lease it ex
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
+from outbox import selectors
 from outbox.models import Attempt, DeadLetter, ErrorClass, OutboundMessage, State
 from outbox.signals import message_ambiguous, message_dead_lettered
 from outbox.telegram import CallOutcome
 
 WAITING = [State.PENDING, State.RETRY]
 
+# The send path's transitions (claim, begin_attempt, mark_sent) are one hand-written
+# statement each on PostgreSQL: the same conditional UPDATEs, without the ORM's query
+# building, which cost more CPU than the database did (docs/PERFORMANCE.md). SQLite (the
+# demo) takes the ORM path. Table names come from _meta; values are always parameters.
+_MESSAGES = OutboundMessage._meta.db_table
+_ATTEMPTS = Attempt._meta.db_table
+
+
+def _postgresql() -> bool:
+    return connection.vendor == "postgresql"
+
+
+def _execute(sql: str, params: list[Any]) -> tuple[int, Any]:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount, cursor.fetchone() if cursor.description else None
+
 
 def claim(message_id: int, *, worker: str, lease: timedelta, unchanged_since: datetime | None = None) -> bool:
     """pending|retry -> sending. False when another worker got there first or it is not due;
     with `unchanged_since`, also False when the row was updated after that time."""
     now = timezone.now()
+    if _postgresql():
+        sql = (
+            f"UPDATE {_MESSAGES} SET state = 'sending', lease_owner = %s, lease_expires_at = %s, updated_at = %s"  # noqa: S608
+            " WHERE id = %s AND state IN ('pending', 'retry') AND next_attempt_at <= %s"
+        )
+        params: list[Any] = [worker, now + lease, now, message_id, now]
+        if unchanged_since is not None:
+            sql += " AND updated_at = %s"
+            params.append(unchanged_since)
+        return _execute(sql, params)[0] == 1
     rows = OutboundMessage.objects.filter(pk=message_id, state__in=WAITING, next_attempt_at__lte=now)
     if unchanged_since is not None:
         rows = rows.filter(updated_at=unchanged_since)
@@ -39,6 +69,25 @@ def claim(message_id: int, *, worker: str, lease: timedelta, unchanged_since: da
 def begin_attempt(message: OutboundMessage, *, worker: str) -> Attempt | None:
     """Record the attempt before the request goes out. None if the lease was lost."""
     now = timezone.now()
+    if _postgresql():
+        # One statement, so one commit: the attempt count and the attempt row together.
+        _, row = _execute(
+            f"""WITH m AS (
+                  UPDATE {_MESSAGES} SET attempts = attempts + 1, updated_at = %s
+                  WHERE id = %s AND state = 'sending' AND lease_owner = %s RETURNING id, attempts
+                )
+                INSERT INTO {_ATTEMPTS} (message_id, number, worker, started_at, finished_at, outcome,
+                                         http_status, error_code, description, retry_after)
+                SELECT id, attempts, %s, %s, NULL, '', NULL, NULL, '', NULL FROM m
+                RETURNING id, number""",  # noqa: S608 - table names from _meta, values as parameters
+            [now, message.pk, worker, worker, now],
+        )
+        if row is None:
+            return None
+        message.attempts = row[1]
+        attempt = Attempt(id=row[0], message=message, number=row[1], worker=worker, started_at=now)
+        attempt._state.adding = False
+        return attempt
     with transaction.atomic():
         n = OutboundMessage.objects.filter(pk=message.pk, state=State.SENDING, lease_owner=worker).update(
             attempts=F("attempts") + 1, updated_at=now
@@ -64,23 +113,77 @@ def _owned(message: OutboundMessage, worker: str) -> Any:
     return OutboundMessage.objects.filter(pk=message.pk, state=State.SENDING, lease_owner=worker)
 
 
-def mark_sent(message: OutboundMessage, *, worker: str, attempt: Attempt, outcome: CallOutcome) -> bool:
-    """sending -> sent, with Telegram's message id."""
+@dataclass(frozen=True)
+class Sent:
+    """What mark_sent did: true when this worker's send became sent. `next_in_chat` is
+    the chat's next due waiting message, when asked for (`kick_chat`), else None."""
+
+    ok: bool
+    next_in_chat: int | None = None
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+def mark_sent(
+    message: OutboundMessage, *, worker: str, attempt: Attempt, outcome: CallOutcome, kick_chat: bool = False
+) -> Sent:
+    """sending -> sent, with Telegram's message id. With `kick_chat`, also finds the chat's
+    next due message (in the same statement on PostgreSQL), for the caller to dispatch."""
     now = timezone.now()
+    telegram_message_id = outcome.telegram_message_id
+    result = None if telegram_message_id else outcome.result
+    if _postgresql():
+        next_in_chat = (
+            f"""SELECT id FROM {_MESSAGES} WHERE bot_id = %s AND chat_id = %s AND state IN ('pending', 'retry')
+                AND next_attempt_at <= %s ORDER BY id LIMIT 1"""  # noqa: S608 - see _MESSAGES
+            if kick_chat
+            else "SELECT NULL::bigint"
+        )
+        _, row = _execute(
+            f"""WITH a AS (
+                  UPDATE {_ATTEMPTS} SET finished_at = %s, outcome = 'ok', http_status = %s, error_code = %s,
+                    description = %s, retry_after = %s
+                  WHERE id = %s
+                ), m AS (
+                  UPDATE {_MESSAGES} SET state = 'sent', sent_at = %s, updated_at = %s, telegram_message_id = %s,
+                    result = %s::jsonb, lease_owner = '', lease_expires_at = NULL, last_error = '',
+                    last_error_class = ''
+                  WHERE id = %s AND state = 'sending' AND lease_owner = %s RETURNING id
+                )
+                SELECT (SELECT count(*) FROM m), ({next_in_chat})""",  # noqa: S608 - see _MESSAGES
+            [
+                now,
+                outcome.http_status,
+                outcome.error_code,
+                outcome.description[:2000],
+                outcome.retry_after,
+                attempt.pk,
+                now,
+                now,
+                telegram_message_id,
+                None if result is None else json.dumps(result),
+                message.pk,
+                worker,
+                *([message.bot_id, message.chat_id, now] if kick_chat else []),
+            ],
+        )
+        return Sent(row[0] == 1, row[1])
     with transaction.atomic():
         finish_attempt(attempt, outcome)
         n = _owned(message, worker).update(
             state=State.SENT,
             sent_at=now,
             updated_at=now,
-            telegram_message_id=outcome.telegram_message_id,
-            result=None if outcome.telegram_message_id else outcome.result,
+            telegram_message_id=telegram_message_id,
+            result=result,
             lease_owner="",
             lease_expires_at=None,
             last_error="",
             last_error_class="",
         )
-    return n == 1
+    next_id = selectors.next_open_message_in_chat(bot_id=message.bot_id, chat_id=message.chat_id) if kick_chat else None
+    return Sent(n == 1, next_id)
 
 
 def schedule_retry(

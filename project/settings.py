@@ -160,6 +160,11 @@ else:
     }
 
 CELERY_TASK_ACKS_LATE = True
+# Celery's Django fixup closes every database connection before and after each task unless
+# this is set: a new PostgreSQL connection per task, the largest single cost of an outbox
+# send (bench/drain_rate.py). With it, the fixup closes them every 1,000 tasks, and
+# project/celery.py applies Django's own CONN_MAX_AGE and health checks around each task.
+CELERY_DB_REUSE_MAX = env.int("CELERY_DB_REUSE_MAX", default=1000)
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_SERIALIZER = "json"
