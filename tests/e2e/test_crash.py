@@ -177,7 +177,15 @@ def test_a_worker_restarted_during_a_backoff_wait_keeps_the_schedule_and_the_key
     worker = crash_worker(process_env, processes, name="worker-e")
     message = enqueue(bot, "crash-e")
     wait_until(lambda: OutboundMessage.objects.filter(pk=message.pk, state=State.RETRY).exists(), timeout=15)
-    worker.kill()  # the retry's countdown was held by this worker and dies with it
+    # The retry's countdown task is published and then fetched by this worker, which holds
+    # it until its ETA; kill only once it is held, so that it dies with the worker (killed
+    # earlier, the task would still sit in the queue and the next worker would simply run it).
+    wait_until(
+        lambda: worker.log().count("outbox.send_outbound_message[") >= 3,  # received, succeeded, received
+        timeout=10,
+        message="the worker holding the retry's countdown task",
+    )
+    worker.kill()
     message.refresh_from_db()
     scheduled = message.next_attempt_at
 
