@@ -4,11 +4,8 @@ the Bot API sandbox and a Celery worker as subprocesses (stopped by PID, never b
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,13 +14,13 @@ from typing import Any
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+# The same process handling as the test suite: own process group, log file, stop by PID.
+from tests.support import Process as Proc  # noqa: E402
+from tests.support import free_port  # noqa: E402
+
 BIN = Path(sys.executable).parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def psql(sql: str) -> None:
@@ -73,32 +70,6 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval
         if time.monotonic() > deadline:
             raise SystemExit(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
-
-
-class Proc:
-    """A subprocess in its own process group, logging to a temporary file."""
-
-    def __init__(self, name: str, args: list[str], env: dict[str, str]) -> None:
-        self.name = name
-        self.log_path = Path(tempfile.mkstemp(prefix=f"bench-{name}-", suffix=".log")[1])
-        self._log = self.log_path.open("wb")
-        self.proc = subprocess.Popen(
-            args, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-
-    def log(self) -> str:
-        self._log.flush()
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-        self._log.close()
 
 
 def start_sandbox(env: dict[str, str], *extra: str) -> tuple[Proc, str]:

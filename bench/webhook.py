@@ -24,15 +24,12 @@ from pathlib import Path
 
 import httpx
 import redis
+from _common import psql
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 DB = "dovecote_bench_webhook"
 DB_URL = f"postgres://postgres@127.0.0.1:5432/{DB}"
-
-
-def psql(sql: str) -> None:
-    subprocess.run(["psql", "-h", "127.0.0.1", "-U", "postgres", "-qc", sql], check=True, capture_output=True)
 
 
 def env(conn_max_age: int) -> dict[str, str]:

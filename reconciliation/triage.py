@@ -28,6 +28,7 @@ from bots.models import ConsumerRun, RunState
 from outbox import circuits
 from outbox import services as outbox_services
 from outbox.models import DeadLetter, DeadLetterStatus, Effect, EffectState, OutboundMessage, State
+from outbox.publishing import publish
 from reconciliation.models import BulkRetry, BulkState, PayloadVersion
 from reconciliation.services import audit_record
 
@@ -325,12 +326,13 @@ def bulk_retry_schedule(bulk_id: int, *, countdown: float = 0.0) -> bool:
     """Publish the next tick on the bulk queue (never the fresh-traffic queue)."""
     from reconciliation.triage_tasks import bulk_retry_tick as task
 
-    try:
-        task.apply_async((bulk_id,), countdown=countdown or None, queue=settings.CELERY_TASK_QUEUE_BULK, retry=False)
-    except Exception:  # noqa: BLE001 - broker down: the operator can press "continue" later
-        logger.warning("could not publish bulk retry %s", bulk_id, exc_info=True)
-        return False
-    return True
+    # Broker down: logged by publish(); the operator can press "continue" later.
+    return publish(
+        task.signature(queue=settings.CELERY_TASK_QUEUE_BULK),
+        (bulk_id,),
+        countdown=countdown,
+        what=f"bulk retry {bulk_id}",
+    )
 
 
 def bulk_retry_tick(bulk_id: int) -> float | None:
