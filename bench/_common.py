@@ -50,7 +50,14 @@ def setup_database(db: str, env: dict[str, str]) -> None:
 
 
 def drop_database(db: str) -> None:
+    """Drop the bench's database and its Redis keys (queues, bindings, limiter)."""
     psql(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+    import redis
+
+    client = redis.Redis.from_url(bench_env(db)["REDIS_URL"])
+    keys = list(client.scan_iter(f"{db}:*", count=1000))
+    if keys:
+        client.delete(*keys)
 
 
 def django_setup(env: dict[str, str]) -> None:
