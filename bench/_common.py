@@ -125,3 +125,46 @@ def start_worker(env: dict[str, str], *, pool: str, concurrency: int, prefetch: 
 def sandbox_calls(url: str, token: str) -> list[dict[str, Any]]:
     response = httpx.get(f"{url}/sandbox/calls", params={"token": token}, timeout=60)
     return response.json()["calls"]
+
+
+def _proc_table() -> dict[int, tuple[int, str, float]]:
+    """pid -> (parent pid, command, CPU seconds so far), from /proc (Linux)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    table = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                stat = f.read()
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                command = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        table[int(name)] = (int(fields[1]), command, (int(fields[11]) + int(fields[12])) / tick)
+    return table
+
+
+def cpu_snapshot(groups: dict[str, int]) -> dict[str, float]:
+    """CPU seconds used so far by each named process and its descendants, and by all
+    PostgreSQL and Redis server processes on the machine (they are shared)."""
+    table = _proc_table()
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    result: dict[str, float] = {}
+    for name, root in groups.items():
+        stack, total = [root], 0.0
+        while stack:
+            pid = stack.pop()
+            total += table.get(pid, (0, "", 0.0))[2]
+            stack.extend(children.get(pid, []))
+        result[name] = total
+    result["postgres"] = sum(cpu for _, command, cpu in table.values() if command.startswith("postgres"))
+    result["redis"] = sum(cpu for _, command, cpu in table.values() if command.startswith("redis-server"))
+    return result
+
+
+def cpu_used(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {name: after[name] - before.get(name, 0.0) for name in after}

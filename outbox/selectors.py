@@ -129,6 +129,16 @@ def _for_send_sql() -> str:
     """  # noqa: S608 - names from _meta, values as parameters
 
 
+def message_columns() -> list[str]:
+    """The outbox table's columns, in the order `message_from_row` reads them."""
+    return _columns(OutboundMessage)[0]
+
+
+def message_from_row(values: list) -> OutboundMessage:
+    """An OutboundMessage from a raw row of `message_columns()` (e.g. an UPDATE's RETURNING)."""
+    return _from_row(OutboundMessage, values)  # type: ignore[return-value]
+
+
 def _outbound_message_for_send_pg(message_id: int, now: datetime) -> OutboundMessage | None:
     from bots.models import Bot
 

@@ -156,16 +156,32 @@ def outbound_message_enqueue(
         message, created = OutboundMessage.objects.get(bot_id=bot_id, idempotency_key=idempotency_key), False
     if created:
         delay = max(0.0, (message.next_attempt_at - now).total_seconds())
-        transaction.on_commit(lambda: dispatch(message.pk, countdown=delay))
+        transaction.on_commit(lambda: dispatch(message.pk, bot_id=message.bot_id, countdown=delay))
     return message, created
 
 
-def dispatch(message_id: int, *, countdown: float = 0.0, slot_reserved: bool = False, bulk: bool = False) -> bool:
+def dispatch(
+    message_id: int,
+    *,
+    bot_id: int | None = None,
+    countdown: float = 0.0,
+    slot_reserved: bool = False,
+    bulk: bool = False,
+) -> bool:
     """Hand a message to a worker. Failure to publish is logged, never raised: the row is
     committed and the sweeper dispatches whatever is overdue. `bulk` (broadcasts) uses the
-    bulk queue, so that replies to people are not stuck behind thousands of notifications."""
+    bulk queue, so that replies to people are not stuck behind thousands of notifications.
+
+    Given its `bot_id`, a message due now wakes the bot's batched drain (outbox/drain.py)
+    instead of getting a task of its own; a wait, a reserved slot or a broadcast keeps the
+    one-message task."""
     if countdown > policy.MAX_BROKER_COUNTDOWN_SECONDS:
         return False  # the sweeper picks it up when due
+    if bot_id is not None and countdown <= 0 and not slot_reserved and not bulk:
+        from outbox import drain
+
+        if drain.enabled():
+            return drain.wake(bot_id)
     from outbox.tasks import send_outbound_message
 
     kwargs: dict[str, Any] = {"slot_reserved": True} if slot_reserved else {}
@@ -287,7 +303,7 @@ def _record_outcome(
         if getattr(message, "circuit_dirty", True):
             circuits.record_success(_circuit_scope(message.bot_id))
         if sent.next_in_chat is not None and sent.next_in_chat != message.pk:
-            dispatch(sent.next_in_chat)
+            dispatch(sent.next_in_chat, bot_id=message.bot_id)
         return SendResult("sent")
 
     cls = outcome.error_class
@@ -360,7 +376,7 @@ def _kick_chat(message: OutboundMessage) -> None:
         return
     next_id = selectors.next_open_message_in_chat(bot_id=message.bot_id, chat_id=message.chat_id)
     if next_id is not None and next_id != message.pk:
-        dispatch(next_id)
+        dispatch(next_id, bot_id=message.bot_id)
 
 
 def outbound_message_cancel(message_id: int, *, reason: str = "cancelled") -> bool:

@@ -7,7 +7,7 @@ message was lost), and the task only re-publishes itself for that moment.
 
 from celery import shared_task
 
-from outbox import services
+from outbox import drain, services
 
 
 @shared_task(name="outbox.send_outbound_message", ignore_result=True)
@@ -17,3 +17,8 @@ def send_outbound_message(message_id: int, slot_reserved: bool = False, bulk: bo
         # Short waits ride the broker; long ones stay in the row for the sweeper.
         services.dispatch(message_id, countdown=result.countdown, slot_reserved=result.slot_reserved, bulk=bulk)
     return result.status
+
+
+@shared_task(name="outbox.drain_bot", ignore_result=True)
+def drain_bot(bot_id: int) -> str:
+    return str(drain.outbound_messages_drain(bot_id))

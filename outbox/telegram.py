@@ -12,6 +12,7 @@ coroutines to it.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextvars
 import logging
 import os
@@ -135,11 +136,13 @@ def api_base_url(bot_api_base_url: str) -> str:
     return bot_api_base_url or settings.TELEGRAM_API_BASE_URL
 
 
+def _default_timeout() -> float:
+    return settings.DOVECOTE_TELEGRAM_CONNECT_TIMEOUT + settings.DOVECOTE_TELEGRAM_READ_TIMEOUT * 2 + 5
+
+
 def run_sync(coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
     """Run a coroutine on this process's Telegram loop and wait for it."""
-    if timeout is None:
-        timeout = settings.DOVECOTE_TELEGRAM_CONNECT_TIMEOUT + settings.DOVECOTE_TELEGRAM_READ_TIMEOUT * 2 + 5
-    return _process_loop.run(coro, timeout)
+    return _process_loop.run(coro, _default_timeout() if timeout is None else timeout)
 
 
 async def get_bot(token: str, base_url: str) -> telegram.Bot:
@@ -147,34 +150,47 @@ async def get_bot(token: str, base_url: str) -> telegram.Bot:
     return await _process_loop.bot(token, api_base_url(base_url))
 
 
+async def _call(token: str, base_url: str, method: str, params: dict[str, Any], timeout: float | None) -> CallOutcome:
+    bot = await get_bot(token, base_url)
+    kwargs: dict[str, Any] = {}
+    if timeout is not None:
+        kwargs["read_timeout"] = timeout
+    try:
+        result = await bot.do_api_request(method, api_kwargs=params, **kwargs)
+    except tg_error.TelegramError as exc:
+        outcome = classify(exc)
+        # Each call runs in its own asyncio task, so this is the status of its own answer.
+        outcome.http_status = _last_status.get() or outcome.http_status
+        if outcome.error_class == ErrorClass.TRANSIENT and outcome.http_status and outcome.error_code is None:
+            outcome.error_code = outcome.http_status
+        return outcome
+    return CallOutcome(ok=True, result=result, http_status=200)
+
+
 def call(
     *, token: str, base_url: str, method: str, params: dict[str, Any], timeout: float | None = None
 ) -> CallOutcome:
     """Make one Bot API call and classify its outcome. Never raises for Telegram errors."""
-
-    async def _call() -> Any:
-        bot = await get_bot(token, base_url)
-        kwargs: dict[str, Any] = {}
-        if timeout is not None:
-            kwargs["read_timeout"] = timeout
-        try:
-            return await bot.do_api_request(method, api_kwargs=params, **kwargs)
-        except tg_error.TelegramError as exc:
-            exc.dovecote_http_status = _last_status.get()  # type: ignore[attr-defined]
-            raise
-
     try:
-        result = run_sync(_call())
-    except tg_error.TelegramError as exc:
-        outcome = classify(exc)
-        outcome.http_status = getattr(exc, "dovecote_http_status", None) or outcome.http_status
-        if outcome.error_class == ErrorClass.TRANSIENT and outcome.http_status and outcome.error_code is None:
-            outcome.error_code = outcome.http_status
-        return outcome
+        return run_sync(_call(token, base_url, method, params, timeout))
     except TimeoutError as exc:
-        # Our own wait on the loop ran out: the request may well be on the wire.
-        return CallOutcome(ok=False, error_class=ErrorClass.AMBIGUOUS, description=f"timed out waiting: {exc!r}")
-    return CallOutcome(ok=True, result=result, http_status=200)
+        return outcome_of_lost_wait(exc)
+
+
+def submit(*, token: str, base_url: str, method: str, params: dict[str, Any]) -> concurrent.futures.Future[CallOutcome]:
+    """Start one Bot API call on the process's loop and return at once: the batched drain
+    has several in flight together. The future's result is the classified outcome."""
+    return asyncio.run_coroutine_threadsafe(_call(token, base_url, method, params, None), _process_loop.loop())
+
+
+def send_timeout() -> float:
+    """How long a caller waits for a call's outcome before calling it ambiguous."""
+    return _default_timeout()
+
+
+def outcome_of_lost_wait(exc: BaseException | None = None) -> CallOutcome:
+    # Our own wait on the loop ran out: the request may well be on the wire.
+    return CallOutcome(ok=False, error_class=ErrorClass.AMBIGUOUS, description=f"timed out waiting: {exc!r}")
 
 
 _STATUS_IN_MESSAGE = re.compile(r"\((\d{3})\)\s*$")

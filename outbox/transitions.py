@@ -98,6 +98,119 @@ def begin_attempt(message: OutboundMessage, *, worker: str) -> Attempt | None:
         return Attempt.objects.create(message=message, number=message.attempts, worker=worker, started_at=now)
 
 
+# The batched drain (outbox/drain.py): the same transitions, for many messages of one bot
+# per statement. PostgreSQL only (FOR UPDATE SKIP LOCKED); the demo's SQLite sends one by one.
+
+
+def claim_batch(*, bot_id: int, worker: str, lease: timedelta, limit: int) -> list[OutboundMessage]:
+    """pending|retry -> sending for up to `limit` of the bot's due messages, oldest due first,
+    in one statement. Skips rows another worker holds (SKIP LOCKED), ordered messages with an
+    earlier one still open in their chat, broadcasts (paced by their own reserved slots) and
+    everything while the bot's circuit is not closed (its probe goes one by one)."""
+    from outbox.models import Circuit
+
+    now = timezone.now()
+    # The pick is a CTE so that it runs once: as an `id IN (subquery)` PostgreSQL may run it
+    # again for each row, and each run skips the rows the statement has just locked, so the
+    # LIMIT would not hold (measured: one claim of 32 took all 200 due rows). Ordered by
+    # next_attempt_at alone, the order of outbox_due_idx, so that the scan stops at the
+    # LIMIT; with an `id` tie-break PostgreSQL sorted every due row first (266 ms for 1,000).
+    columns = ", ".join(f"m.{c}" for c in selectors.message_columns())
+    sql = f"""
+        WITH picked AS MATERIALIZED (
+          SELECT q.id FROM {_MESSAGES} q
+          WHERE q.bot_id = %s AND q.state IN ('pending', 'retry') AND q.next_attempt_at <= %s AND q.broadcast = ''
+            AND NOT (q.ordered AND EXISTS (
+              SELECT 1 FROM {_MESSAGES} e WHERE e.bot_id = q.bot_id AND e.chat_id = q.chat_id AND e.id < q.id
+                AND e.ordered AND e.state IN ('pending', 'retry', 'sending')
+                AND (e.state IN ('retry', 'sending') OR e.send_at IS NULL OR e.send_at <= %s)))
+            AND NOT EXISTS (SELECT 1 FROM {Circuit._meta.db_table} c WHERE c.scope = %s AND c.state <> 'closed')
+          ORDER BY q.next_attempt_at
+          LIMIT %s
+          FOR UPDATE SKIP LOCKED
+        )
+        UPDATE {_MESSAGES} m SET state = 'sending', lease_owner = %s, lease_expires_at = %s, updated_at = %s
+        FROM picked WHERE m.id = picked.id AND m.state IN ('pending', 'retry')
+        RETURNING {columns}
+    """  # noqa: S608 - names from _meta, values as parameters
+    params = [bot_id, now, now, f"bot:{bot_id}", limit, worker, now + lease, now]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    messages = [selectors.message_from_row(list(row)) for row in rows]
+    messages.sort(key=lambda m: (m.next_attempt_at, m.pk))
+    return messages
+
+
+def begin_attempts(messages: list[OutboundMessage], *, worker: str) -> dict[int, Attempt]:
+    """begin_attempt for many claimed messages in one statement (one commit): their attempt
+    counts and attempt rows. Messages whose lease was lost get none."""
+    if not messages:
+        return {}
+    now = timezone.now()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""WITH m AS (
+                  UPDATE {_MESSAGES} SET attempts = attempts + 1, updated_at = %s
+                  WHERE id = ANY(%s) AND state = 'sending' AND lease_owner = %s RETURNING id, attempts
+                )
+                INSERT INTO {_ATTEMPTS} (message_id, number, worker, started_at, finished_at, outcome,
+                                         http_status, error_code, description, retry_after)
+                SELECT id, attempts, %s, %s, NULL, '', NULL, NULL, '', NULL FROM m
+                RETURNING id, message_id, number""",  # noqa: S608 - see _MESSAGES
+            [now, [m.pk for m in messages], worker, worker, now],
+        )
+        rows = cursor.fetchall()
+    by_id = {m.pk: m for m in messages}
+    attempts: dict[int, Attempt] = {}
+    for attempt_id, message_id, number in rows:
+        message = by_id[message_id]
+        message.attempts = number
+        attempt = Attempt(id=attempt_id, message=message, number=number, worker=worker, started_at=now)
+        attempt._state.adding = False
+        attempts[message_id] = attempt
+    return attempts
+
+
+def mark_sent_many(sent: list[tuple[OutboundMessage, Attempt, CallOutcome]], *, worker: str) -> set[int]:
+    """mark_sent for many messages in one statement; returns the ids that became sent (a
+    message whose lease was lost meanwhile is left to whoever holds it now)."""
+    if not sent:
+        return set()
+    now = timezone.now()
+    message_ids, attempt_ids, telegram_ids, results = [], [], [], []
+    for message, attempt, outcome in sent:
+        message_ids.append(message.pk)
+        attempt_ids.append(attempt.pk)
+        telegram_ids.append(outcome.telegram_message_id)
+        results.append(None if outcome.telegram_message_id else json.dumps(outcome.result))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""WITH v AS (
+                  SELECT * FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], %s::text[])
+                    AS v(message_id, attempt_id, telegram_message_id, result)
+                ), a AS (
+                  UPDATE {_ATTEMPTS} SET finished_at = %s, outcome = 'ok', http_status = 200, error_code = NULL,
+                    description = '', retry_after = NULL
+                  FROM v WHERE {_ATTEMPTS}.id = v.attempt_id
+                ), m AS (
+                  UPDATE {_MESSAGES} SET state = 'sent', sent_at = %s, updated_at = %s,
+                    telegram_message_id = v.telegram_message_id, result = v.result::jsonb, lease_owner = '',
+                    lease_expires_at = NULL, last_error = '', last_error_class = ''
+                  FROM v WHERE {_MESSAGES}.id = v.message_id AND {_MESSAGES}.state = 'sending'
+                    AND {_MESSAGES}.lease_owner = %s
+                  RETURNING {_MESSAGES}.id
+                )
+                SELECT id FROM m""",  # noqa: S608 - see _MESSAGES
+            [message_ids, attempt_ids, telegram_ids, results, now, now, now, worker],
+        )
+        done = {row[0] for row in cursor.fetchall()}
+    for message, _, _ in sent:
+        if message.pk in done:
+            message.state = State.SENT
+    return done
+
+
 def finish_attempt(attempt: Attempt, outcome: CallOutcome) -> None:
     Attempt.objects.filter(pk=attempt.pk).update(
         finished_at=timezone.now(),

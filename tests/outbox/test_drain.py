@@ -1,0 +1,225 @@
+"""The batched drain (outbox/drain.py): a bot's due messages claimed, sent and recorded a
+batch at a time, with every rule of the single send. In-process drains against the sandbox
+over HTTP, and real worker processes for the races and the wake-ups."""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+from datetime import timedelta
+
+import pytest
+import redis
+from django.conf import settings
+from django.db import connection
+from django.utils import timezone
+
+from outbox import circuits, drain, services, transitions
+from outbox.models import Attempt, DeadLetter, ErrorClass, OutboundMessage, State
+from tests.outbox.helpers import enqueue
+from tests.support import Process, start_worker, wait_until
+
+
+@pytest.fixture
+def no_limits(settings) -> None:
+    settings.DOVECOTE_RATE_LIMITS_ENABLED = False
+    settings.DOVECOTE_DRAIN_BATCH_SIZE = 8
+
+
+def queued_tasks() -> list[str]:
+    """Task names waiting in this run's default queue, as the broker holds them."""
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    raw = client.lrange(f"{settings.DOVECOTE_REDIS_PREFIX}{settings.CELERY_TASK_DEFAULT_QUEUE}", 0, -1)
+    return [json.loads(item)["headers"]["task"] for item in raw]
+
+
+def texts_by_chat(sandbox, bot) -> dict[int, list[str]]:
+    chats: dict[int, list[str]] = {}
+    for call in sandbox.calls(token=bot.token, method="sendMessage"):
+        chats.setdefault(int(call["params"]["chat_id"]), []).append(call["params"]["text"])
+    return chats
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("no_limits")
+def test_a_drain_sends_every_due_message_once_a_batch_at_a_time(bot, sandbox) -> None:
+    messages = [enqueue(bot, chat_id=1000 + i, text=f"note {i}") for i in range(20)]
+
+    report = drain.outbound_messages_drain(bot.pk)
+
+    assert (report.sent, report.failed, report.batches) == (20, 0, 3)  # 8 + 8 + 4
+    assert len(sandbox.calls(token=bot.token, method="sendMessage")) == 20
+    rows = OutboundMessage.objects.filter(pk__in=[m.pk for m in messages])
+    assert {(m.state, m.attempts) for m in rows} == {(State.SENT, 1)}
+    assert all(m.telegram_message_id and m.sent_at and not m.lease_owner for m in rows)
+    assert {(a.number, a.outcome, a.http_status) for a in Attempt.objects.filter(message__in=rows)} == {(1, "ok", 200)}
+    assert drain.outbound_messages_drain(bot.pk).sent == 0  # nothing is sent twice
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("no_limits")
+def test_a_claim_takes_no_more_than_its_batch(bot) -> None:
+    for i in range(12):
+        enqueue(bot, chat_id=2000 + i)
+    lease = timedelta(seconds=60)
+
+    first = transitions.claim_batch(bot_id=bot.pk, worker="w1", lease=lease, limit=5)
+    second = transitions.claim_batch(bot_id=bot.pk, worker="w2", lease=lease, limit=5)
+
+    assert (len(first), len(second)) == (5, 5)
+    assert not {m.pk for m in first} & {m.pk for m in second}
+    assert OutboundMessage.objects.filter(bot=bot, state=State.SENDING).count() == 10
+    assert OutboundMessage.objects.filter(bot=bot, state=State.PENDING).count() == 2
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("no_limits")
+def test_a_drain_sends_one_message_per_chat_at_a_time_and_keeps_each_chats_order(bot, sandbox) -> None:
+    for n in range(4):
+        for chat in (31, 32, 33):
+            enqueue(bot, chat_id=chat, text=f"{chat}-{n}")
+
+    report = drain.outbound_messages_drain(bot.pk)
+
+    assert report.sent == 12
+    assert report.batches == 4  # each batch holds the three chats' next message
+    assert texts_by_chat(sandbox, bot) == {chat: [f"{chat}-{n}" for n in range(4)] for chat in (31, 32, 33)}
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("no_limits")
+def test_a_failed_send_in_a_batch_is_decided_alone(bot, sandbox, settings) -> None:
+    settings.DOVECOTE_RETRY_BASE_SECONDS = 30  # the retry stays scheduled while we look
+    blocked = enqueue(bot, chat_id=41, text="to someone who blocked the bot")
+    flaky = enqueue(bot, chat_id=42, text="meets a 502")
+    fine = [enqueue(bot, chat_id=43 + i, text=f"fine {i}") for i in range(3)]
+    sandbox.fault("403", chat_id=41)
+    sandbox.fault("5xx", status=502, chat_id=42, count=1)
+
+    report = drain.outbound_messages_drain(bot.pk)
+
+    assert (report.sent, report.failed) == (3, 2)
+    blocked.refresh_from_db()
+    flaky.refresh_from_db()
+    assert (blocked.state, blocked.last_error_class) == (State.FAILED, ErrorClass.PERMANENT)
+    assert DeadLetter.objects.filter(message=blocked).count() == 1
+    assert (flaky.state, flaky.attempts, flaky.last_error_class) == (State.RETRY, 1, ErrorClass.TRANSIENT)
+    assert flaky.next_attempt_at > timezone.now()
+    assert flaky.attempt_set.get().http_status == 502
+    assert {m.state for m in OutboundMessage.objects.filter(pk__in=[m.pk for m in fine])} == {State.SENT}
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("no_limits")
+def test_a_drain_cancels_expired_and_vetoed_messages_instead_of_sending_them(bot, sandbox, settings) -> None:
+    settings.DOVECOTE_RELEVANCE_CHECK = "tests.outbox.test_delivery_rules.veto_stale"
+    expired = enqueue(bot, chat_id=51, text="flash sale", expires_at=timezone.now() + timedelta(seconds=1))
+    OutboundMessage.objects.filter(pk=expired.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+    stale = enqueue(bot, chat_id=52, text="Pay for order #7")
+    after_expired = enqueue(bot, chat_id=51, text="next in the chat")
+
+    report = drain.outbound_messages_drain(bot.pk)
+
+    assert (report.sent, report.cancelled) == (1, 2)
+    expired.refresh_from_db()
+    stale.refresh_from_db()
+    assert (expired.state, expired.last_error_class) == (State.CANCELLED, ErrorClass.EXPIRED)
+    assert (stale.state, stale.cancel_reason) == (State.CANCELLED, "not relevant: the order was already paid")
+    assert OutboundMessage.objects.get(pk=after_expired.pk).state == State.SENT
+    assert sandbox.sent_texts(token=bot.token) == ["next in the chat"]
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("no_limits")
+def test_a_drain_leaves_broadcasts_and_a_bot_with_an_open_circuit_alone(bot, sandbox) -> None:
+    broadcast = services.broadcast_enqueue(
+        bot_id=bot.pk, chat_ids=[61, 62], payload={"text": "news"}, broadcast_key="b1"
+    )
+    assert drain.outbound_messages_drain(bot.pk).batches == 0  # paced by their own slots, one task each
+    assert OutboundMessage.objects.filter(pk__in=broadcast.message_ids, state=State.PENDING).count() == 2
+
+    reply = enqueue(bot, chat_id=63, text="a reply")
+    circuits.pause(services._circuit_scope(bot.pk), reason="operator pause")
+    assert drain.outbound_messages_drain(bot.pk).batches == 0
+    reply.refresh_from_db()
+    assert reply.state == State.PENDING
+    assert sandbox.calls(token=bot.token) == []
+
+
+@pytest.mark.django_db
+def test_under_the_rate_limit_a_drain_sends_what_the_limit_allows_and_schedules_the_rest(bot_factory, sandbox) -> None:
+    bot = bot_factory(rate_limit=5)
+    messages = [enqueue(bot, chat_id=700 + i, text=f"n{i}") for i in range(6)]
+
+    report = drain.outbound_messages_drain(bot.pk)
+
+    # The first slot is now; the others are a fifth of a second apart (at 93 % of the rate).
+    assert (report.sent, report.deferred) == (1, 5)
+    assert report.continuation is not None
+    assert report.continuation > 0.8
+    waiting = OutboundMessage.objects.filter(pk__in=[m.pk for m in messages], state=State.PENDING)
+    due = sorted(m.next_attempt_at for m in waiting)
+    assert len(due) == 5
+    gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(due)]
+    assert all(0.18 < gap < 0.26 for gap in gaps), gaps
+    # Each deferred message got its own wake-up at its slot, and the drain its continuation.
+    assert sorted(queued_tasks()).count("outbox.send_outbound_message") == 5
+    assert "outbox.drain_bot" in queued_tasks()
+    assert len(sandbox.calls(token=bot.token)) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_burst_of_messages_wakes_one_drain_not_one_task_per_message(bot) -> None:
+    for i in range(50):
+        enqueue(bot, chat_id=800 + i)
+
+    assert queued_tasks() == ["outbox.drain_bot"]
+    body = json.loads(
+        redis.Redis.from_url(settings.REDIS_URL).lindex(
+            f"{settings.DOVECOTE_REDIS_PREFIX}{settings.CELERY_TASK_DEFAULT_QUEUE}", 0
+        )
+    )["body"]
+    assert json.loads(base64.b64decode(body))[0] == [bot.pk]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_with_the_drain_switched_off_each_message_gets_its_own_task(bot, settings) -> None:
+    settings.DOVECOTE_DRAIN_BATCH_SIZE = 1
+    for i in range(3):
+        enqueue(bot, chat_id=900 + i)
+    assert queued_tasks() == ["outbox.send_outbound_message"] * 3
+
+
+@pytest.mark.e2e
+def test_workers_draining_one_backlog_together_send_each_message_exactly_once(
+    process_env: dict[str, str], processes: list[Process], sandbox, bot_factory
+) -> None:
+    bot = bot_factory()
+    env = {**process_env, "DOVECOTE_RATE_LIMITS_ENABLED": "0", "DOVECOTE_DRAIN_BATCH_SIZE": "8"}
+    now = timezone.now()
+    OutboundMessage.objects.bulk_create(
+        [
+            OutboundMessage(
+                bot=bot, chat_id=5000 + i % 40, payload={"text": f"m{i}"}, idempotency_key=f"b{i}", next_attempt_at=now
+            )
+            for i in range(240)
+        ]
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {OutboundMessage._meta.db_table}")
+    for name in ("drain-a", "drain-b"):
+        processes.append(start_worker(env, concurrency=2, name=name))
+    ids = list(OutboundMessage.objects.filter(bot=bot).order_by("pk").values_list("pk", flat=True))
+    for pk in ids:
+        services.dispatch(pk, bot_id=bot.pk)  # as each enqueue does after its commit
+
+    wait_until(lambda: OutboundMessage.objects.filter(bot=bot, state=State.SENT).count() == 240, timeout=60)
+
+    calls = sandbox.calls(token=bot.token, method="sendMessage")
+    assert len(calls) == 240
+    assert sorted(c["params"]["text"] for c in calls) == sorted(f"m{i}" for i in range(240))
+    assert set(OutboundMessage.objects.filter(bot=bot).values_list("attempts", flat=True)) == {1}
+    # Forty chats with six ordered messages each: every chat got them in order.
+    for chat, texts in texts_by_chat(sandbox, bot).items():
+        assert texts == [f"m{i}" for i in range(chat - 5000, 240, 40)]
