@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import logging
 import math
-from datetime import timedelta
+from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db.models import Case, F, Value, When
 from django.utils import timezone
 
@@ -147,6 +148,17 @@ def ramp_allowance(circuit: Circuit, *, cap: int, tick_seconds: float) -> int | 
     if allowance >= cap:
         return None
     return allowance
+
+
+def ramping_since(circuit: Circuit | None, *, rate: int) -> datetime | None:
+    """When a recovering destination's circuit closed, while the sweeper still releases its
+    backlog gradually (the ramp); None otherwise. Senders leave that backlog to the ramp."""
+    if circuit is None:
+        return None
+    tick = float(settings.DOVECOTE_SWEEP_INTERVAL_SECONDS)
+    if ramp_allowance(circuit, cap=int((rate or 30) * tick), tick_seconds=tick) is None:
+        return None
+    return circuit.updated_at
 
 
 def pause(scope: str, *, reason: str) -> None:

@@ -134,7 +134,14 @@ def outbound_messages_drain(bot_id: int, *, batch_size: int | None = None) -> Dr
     worker = services.worker_id()
     started = time.monotonic()
     while True:
-        messages = transitions.claim_batch(bot_id=bot_id, worker=worker, lease=lease, limit=size)
+        circuit = Circuit.objects.filter(scope=services._circuit_scope(bot_id)).first()
+        messages = transitions.claim_batch(
+            bot_id=bot_id,
+            worker=worker,
+            lease=lease,
+            limit=size,
+            due_since=circuits.ramping_since(circuit, rate=bot.rate_limit),
+        )
         if not messages:
             return report
         failpoint("after_claim")
@@ -147,7 +154,9 @@ def outbound_messages_drain(bot_id: int, *, batch_size: int | None = None) -> Dr
             wake(bot_id)
         for message in messages:
             message._state.fields_cache["bot"] = bot
-        wait = _send_batch(bot, messages, worker=worker, report=report)
+        # A circuit with failures to forget: this batch's successes must reset it.
+        dirty = circuit is not None and not (circuit.state == CircuitState.CLOSED and circuit.consecutive_failures == 0)
+        wait = _send_batch(bot, messages, worker=worker, report=report, circuit_dirty=dirty)
         if wait is not None:
             # The rate limit or Telegram holds the bot: come back when it lets go. Each
             # deferred message has its own wake-up, but the rest of the backlog, and the
@@ -161,7 +170,9 @@ def outbound_messages_drain(bot_id: int, *, batch_size: int | None = None) -> Dr
             return report
 
 
-def _send_batch(bot, messages: list[OutboundMessage], *, worker: str, report: DrainReport) -> float | None:
+def _send_batch(
+    bot, messages: list[OutboundMessage], *, worker: str, report: DrainReport, circuit_dirty: bool
+) -> float | None:
     """Send one claimed batch. Returns how long the bot is held (a rate-limit wait or a
     429), or None when the drain may go straight on."""
     now = timezone.now()
@@ -193,7 +204,6 @@ def _send_batch(bot, messages: list[OutboundMessage], *, worker: str, report: Dr
         for message in go
         if message.pk in attempts
     }
-    circuit_dirty = bool(futures) and _circuit_dirty(bot.pk)
     deadline = time.monotonic() + telegram.send_timeout()
     pending = set(futures)
     first = True
@@ -261,12 +271,6 @@ def _hold(waits: list[tuple[OutboundMessage, ratelimit.Wait]], *, worker: str, r
                 services.dispatch(message.pk, countdown=wait.seconds, slot_reserved=wait.slot_reserved)
             # Beyond the horizon the row holds the wait and the sweeper dispatches it when due.
     return max(wait.seconds for _, wait in waits)
-
-
-def _circuit_dirty(bot_id: int) -> bool:
-    """A circuit with failures to forget: the batch's successes must reset it."""
-    scope = services._circuit_scope(bot_id)
-    return Circuit.objects.filter(scope=scope).exclude(state=CircuitState.CLOSED, consecutive_failures=0).exists()
 
 
 def _record(

@@ -102,11 +102,14 @@ def begin_attempt(message: OutboundMessage, *, worker: str) -> Attempt | None:
 # per statement. PostgreSQL only (FOR UPDATE SKIP LOCKED); the demo's SQLite sends one by one.
 
 
-def claim_batch(*, bot_id: int, worker: str, lease: timedelta, limit: int) -> list[OutboundMessage]:
+def claim_batch(
+    *, bot_id: int, worker: str, lease: timedelta, limit: int, due_since: datetime | None = None
+) -> list[OutboundMessage]:
     """pending|retry -> sending for up to `limit` of the bot's due messages, oldest due first,
     in one statement. Skips rows another worker holds (SKIP LOCKED), ordered messages with an
     earlier one still open in their chat, broadcasts (paced by their own reserved slots) and
-    everything while the bot's circuit is not closed (its probe goes one by one)."""
+    everything while the bot's circuit is not closed (its probe goes one by one). With
+    `due_since`, only messages that fell due since then (the rest is the sweeper's ramp)."""
     from outbox.models import Circuit
 
     now = timezone.now()
@@ -119,7 +122,8 @@ def claim_batch(*, bot_id: int, worker: str, lease: timedelta, limit: int) -> li
     sql = f"""
         WITH picked AS MATERIALIZED (
           SELECT q.id FROM {_MESSAGES} q
-          WHERE q.bot_id = %s AND q.state IN ('pending', 'retry') AND q.next_attempt_at <= %s AND q.broadcast = ''
+          WHERE q.bot_id = %s AND q.state IN ('pending', 'retry') AND q.next_attempt_at <= %s
+            AND q.next_attempt_at >= %s AND q.broadcast = ''
             AND NOT (q.ordered AND EXISTS (
               SELECT 1 FROM {_MESSAGES} e WHERE e.bot_id = q.bot_id AND e.chat_id = q.chat_id AND e.id < q.id
                 AND e.ordered AND e.state IN ('pending', 'retry', 'sending')
@@ -133,7 +137,8 @@ def claim_batch(*, bot_id: int, worker: str, lease: timedelta, limit: int) -> li
         FROM picked WHERE m.id = picked.id AND m.state IN ('pending', 'retry')
         RETURNING {columns}
     """  # noqa: S608 - names from _meta, values as parameters
-    params = [bot_id, now, now, f"bot:{bot_id}", limit, worker, now + lease, now]
+    since = due_since or datetime.min.replace(tzinfo=now.tzinfo)
+    params = [bot_id, now, since, now, f"bot:{bot_id}", limit, worker, now + lease, now]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()

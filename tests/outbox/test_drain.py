@@ -16,7 +16,7 @@ from django.db import connection
 from django.utils import timezone
 
 from outbox import circuits, drain, services, transitions
-from outbox.models import Attempt, DeadLetter, ErrorClass, OutboundMessage, State
+from outbox.models import Attempt, Circuit, CircuitState, DeadLetter, ErrorClass, OutboundMessage, State
 from tests.outbox.helpers import enqueue
 from tests.support import Process, start_worker, wait_until
 
@@ -223,3 +223,26 @@ def test_workers_draining_one_backlog_together_send_each_message_exactly_once(
     # Forty chats with six ordered messages each: every chat got them in order.
     for chat, texts in texts_by_chat(sandbox, bot).items():
         assert texts == [f"m{i}" for i in range(chat - 5000, 240, 40)]
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("no_limits")
+def test_after_an_outage_a_drain_sends_new_messages_and_leaves_the_backlog_to_the_ramp(bot, sandbox) -> None:
+    backlog = [enqueue(bot, chat_id=1100 + i, text=f"old {i}") for i in range(5)]
+    OutboundMessage.objects.filter(pk__in=[m.pk for m in backlog]).update(
+        next_attempt_at=timezone.now() - timedelta(minutes=5)
+    )
+    # The bot's circuit was open for the outage and has just closed.
+    Circuit.objects.create(
+        scope=services._circuit_scope(bot.pk),
+        state=CircuitState.CLOSED,
+        opened_at=timezone.now() - timedelta(minutes=5),
+    )
+    fresh = enqueue(bot, chat_id=1200, text="a new reply")
+
+    report = drain.outbound_messages_drain(bot.pk)
+
+    assert report.sent == 1
+    assert sandbox.sent_texts(token=bot.token) == ["a new reply"]
+    assert OutboundMessage.objects.get(pk=fresh.pk).state == State.SENT
+    assert OutboundMessage.objects.filter(pk__in=[m.pk for m in backlog], state=State.PENDING).count() == 5
