@@ -109,6 +109,8 @@ class DrainReport:
     def __str__(self) -> str:
         text = f"sent={self.sent} failed={self.failed} deferred={self.deferred} cancelled={self.cancelled}"
         text += f" batches={self.batches}"
+        if self.outcomes:
+            text += " (" + ", ".join(f"{name}={n}" for name, n in sorted(self.outcomes.items())) + ")"
         if self.continuation is not None:
             text += f" continues-in={self.continuation:.2f}s"
         return text
