@@ -41,8 +41,14 @@ from outbox.publishing import publish
 logger = logging.getLogger(__name__)
 
 # A drain hands the worker back after this long, publishing its continuation, so that other
-# bots' drains and the inbox's tasks get their turn on a busy worker.
+# bots' drains and the inbox's tasks get their turn on a busy worker; sooner when it is only
+# pacing a bot at its rate limit, which holds the worker without using it.
 TIME_BUDGET_SECONDS = 10.0
+PACED_BUDGET_SECONDS = 2.0
+# A drain takes the bot's rate-limit slots this far ahead for one batch; its requests wait
+# for their slots on the event loop, and it sleeps at most this long between batches.
+SLOT_HORIZON_SECONDS = 0.25
+PACE_SECONDS = SLOT_HORIZON_SECONDS
 # Answers arriving within this long of the first are recorded by one statement.
 RECORD_GATHER_SECONDS = 0.05
 # The wake-up key outlives a drain task lost with its broker message by at most this long;
@@ -117,8 +123,8 @@ class DrainReport:
 
 
 def outbound_messages_drain(bot_id: int, *, batch_size: int | None = None) -> DrainReport:
-    """Send the bot's due messages, a batch at a time, until none is left, the rate limit
-    holds the rest, or the time budget is spent (then a continuation is published)."""
+    """Send the bot's due messages, a batch at a time, until none is left, a wait holds the
+    bot (a 429, an open circuit) or the time budget is spent; a continuation then follows."""
     import redis
 
     # From here on, a new message needs a new drain: this one may have claimed already.
@@ -149,34 +155,42 @@ def outbound_messages_drain(bot_id: int, *, batch_size: int | None = None) -> Dr
         failpoint("after_claim")
         report.batches += 1
         full = len(messages) == size
-        if full:
-            # There may be more: let another worker process take the next batch while this
-            # one sends (coalesced as any wake-up; a rate-limited bot stops fanning out at
-            # once, since its batches come back held).
-            wake(bot_id)
         for message in messages:
             message._state.fields_cache["bot"] = bot
+        ready = _drop_expired_and_vetoed(messages, worker=worker, report=report)
+        # `held`: until when (time.monotonic()) the bot can take no more sends, or None.
+        go, held = _take_slots(bot, ready, worker=worker, report=report)
+        if full and held is None and all(delay <= ratelimit.SLOT_TOLERANCE_SECONDS for _, delay in go):
+            # More may be due and the bot has room: let another worker process take the
+            # next batch while this one sends (coalesced as any wake-up). A bot at its rate
+            # limit is paced by this one drain instead.
+            wake(bot_id)
         # A circuit with failures to forget: this batch's successes must reset it.
         dirty = circuit is not None and not (circuit.state == CircuitState.CLOSED and circuit.consecutive_failures == 0)
-        wait = _send_batch(bot, messages, worker=worker, report=report, circuit_dirty=dirty)
-        if wait is not None:
-            # The rate limit or Telegram holds the bot: come back when it lets go. Each
-            # deferred message has its own wake-up, but the rest of the backlog, and the
-            # next message of a chat whose message just went, have only this one.
+        held = _send(bot, go, worker=worker, report=report, held=held, circuit_dirty=dirty)
+        elapsed = time.monotonic() - started
+        wait = None if held is None else max(0.0, held - time.monotonic())
+        if wait is not None and (wait > PACE_SECONDS or elapsed > PACED_BUDGET_SECONDS):
+            # Telegram (a 429) or the limiter holds the bot for longer than a pause between
+            # batches: come back then. Each deferred message has its own wake-up, but the
+            # rest of the backlog, and the next message of a chat whose message just went,
+            # have only this one.
             report.continuation = min(wait, policy.MAX_BROKER_COUNTDOWN_SECONDS)
             _publish(bot_id, countdown=report.continuation)
             return report
-        if full and time.monotonic() - started > TIME_BUDGET_SECONDS:
+        if wait is not None:
+            time.sleep(wait)  # the bot's next slots are this close: pace here, then go on
+        elif full and elapsed > TIME_BUDGET_SECONDS:
             report.continuation = 0.0
             _publish(bot_id)
             return report
 
 
-def _send_batch(
-    bot, messages: list[OutboundMessage], *, worker: str, report: DrainReport, circuit_dirty: bool
-) -> float | None:
-    """Send one claimed batch. Returns how long the bot is held (a rate-limit wait or a
-    429), or None when the drain may go straight on."""
+def _drop_expired_and_vetoed(
+    messages: list[OutboundMessage], *, worker: str, report: DrainReport
+) -> list[OutboundMessage]:
+    """Cancel claimed messages that expired or that the relevance check vetoes, as the
+    single send does; returns the others."""
     now = timezone.now()
     ready: list[OutboundMessage] = []
     for message in messages:
@@ -193,76 +207,44 @@ def _send_batch(
                 report.cancelled += 1
             continue
         ready.append(message)
-    go, held = _take_slots(bot, ready, worker=worker, report=report)
-    attempts = transitions.begin_attempts(go, worker=worker)
-    failpoint("before_request")
-    futures = {
-        telegram.submit(
-            token=bot.token,
-            base_url=bot.api_base_url,
-            method=message.method,
-            params={"chat_id": message.chat_id, **message.payload},
-        ): message
-        for message in go
-        if message.pk in attempts
-    }
-    deadline = time.monotonic() + telegram.send_timeout()
-    pending = set(futures)
-    first = True
-    while pending:
-        done, pending = concurrent.futures.wait(
-            pending, timeout=max(0.0, deadline - time.monotonic()), return_when=concurrent.futures.FIRST_COMPLETED
-        )
-        if pending and done:
-            # Gather the answers that come soon after, to record them in one statement; a
-            # slow request does not keep the others' outcomes waiting for more than this.
-            more, pending = concurrent.futures.wait(pending, timeout=RECORD_GATHER_SECONDS)
-            done |= more
-        if first:
-            failpoint("after_response")
-            first = False
-        if not done:
-            # Our wait ran out: the requests still out may well have reached Telegram.
-            outcomes = [(futures[f], telegram.outcome_of_lost_wait(TimeoutError())) for f in pending]
-            pending = set()
-        else:
-            outcomes = [(futures[f], f.result()) for f in done]
-        held = _record(outcomes, attempts, worker=worker, report=report, held=held)
-    if circuit_dirty and report.sent:
-        circuits.record_success(services._circuit_scope(bot.pk))
-    failpoint("after_record")
-    return held
+    return ready
 
 
 def _take_slots(
     bot, messages: list[OutboundMessage], *, worker: str, report: DrainReport
-) -> tuple[list[OutboundMessage], float | None]:
-    """Each message's rate-limit slot, as the single send takes it. Messages that must wait
-    go back to waiting, due at their slot (in the row, so that no drain takes them early),
-    with a wake-up of their own for then; returns the ones that go now, and the longest wait."""
+) -> tuple[list[tuple[OutboundMessage, float]], float | None]:
+    """The bot's next rate-limit slots for the batch: (message, seconds until its slot) for
+    the messages that go in it, and how long until the bot can take more (None: at once).
+
+    The drain takes the bot's slots within SLOT_HORIZON_SECONDS, all at once; `_send` sends
+    each message at its slot. A message without a slot goes back to waiting, still due, for
+    the drain's next batch."""
     if not settings.DOVECOTE_RATE_LIMITS_ENABLED:
         # Only a 429's pause applies: one look for the whole batch.
         paused = ratelimit.bot_paused_for(bot.pk)
         if paused <= 0:
-            return messages, None
-        waits = [(m, ratelimit.Wait(paused)) for m in messages]
-        return [], _hold(waits, worker=worker, report=report)
-    go: list[OutboundMessage] = []
-    waits: list[tuple[OutboundMessage, ratelimit.Wait]] = []
-    for message in messages:
-        wait = ratelimit.acquire(
-            bot_id=bot.pk,
-            bot_rate=bot.rate_limit,
-            chat_id=message.chat_id if message.method in services.CREATES_MESSAGE else None,
-        )
-        if wait.seconds > 0:
-            waits.append((message, wait))
-        else:
-            go.append(message)
-    return go, _hold(waits, worker=worker, report=report)
+            return [(m, 0.0) for m in messages], None
+        longest = _hold([(m, ratelimit.Wait(paused)) for m in messages], worker=worker, report=report)
+        return [], None if longest is None else time.monotonic() + longest
+    if not messages:
+        return [], None
+    delays = ratelimit.reserve_slots(bot.pk, bot.rate_limit, len(messages), horizon=SLOT_HORIZON_SECONDS)
+    go = list(zip(messages, delays, strict=False))
+    unslotted = messages[len(delays) :]
+    for message in unslotted:
+        transitions.release(message, worker=worker, next_attempt_at=message.next_attempt_at)
+    if unslotted:
+        # The bot's slots are taken beyond the horizon, or a 429 pauses it.
+        paused = ratelimit.bot_paused_for(bot.pk)
+        return go, time.monotonic() + (paused if paused > 0 else (delays[-1] if delays else SLOT_HORIZON_SECONDS))
+    if delays and delays[-1] > ratelimit.SLOT_TOLERANCE_SECONDS:
+        return go, time.monotonic() + delays[-1]
+    return go, None
 
 
 def _hold(waits: list[tuple[OutboundMessage, ratelimit.Wait]], *, worker: str, report: DrainReport) -> float | None:
+    """Messages that must wait go back to waiting, due after the wait (in the row, so that
+    no drain takes them early), each with a wake-up of its own; returns the longest wait."""
     if not waits:
         return None
     now = timezone.now()
@@ -273,6 +255,103 @@ def _hold(waits: list[tuple[OutboundMessage, ratelimit.Wait]], *, worker: str, r
                 services.dispatch(message.pk, countdown=wait.seconds, slot_reserved=wait.slot_reserved)
             # Beyond the horizon the row holds the wait and the sweeper dispatches it when due.
     return max(wait.seconds for _, wait in waits)
+
+
+def _send(
+    bot,
+    go: list[tuple[OutboundMessage, float]],
+    *,
+    worker: str,
+    report: DrainReport,
+    held: float | None,
+    circuit_dirty: bool,
+) -> float | None:
+    """Send the batch: at each slot, the chat's limit and the bot's window are checked as the
+    single send checks them, the attempt rows are written (one statement, one commit, before
+    any request) and the requests go out together; the answers are recorded as they come.
+    Returns until when the bot is held (time.monotonic()), or None."""
+    start = time.monotonic()
+    schedule = sorted(go, key=lambda item: item[1])
+    futures: dict[concurrent.futures.Future[telegram.CallOutcome], OutboundMessage] = {}
+    attempts: dict[int, Attempt] = {}
+    pending: set[concurrent.futures.Future[telegram.CallOutcome]] = set()
+    deadline = start
+    answered = False
+    sent_before = report.sent
+    while schedule or pending:
+        now = time.monotonic()
+        due = [m for m, delay in schedule if start + delay <= now + ratelimit.SLOT_TOLERANCE_SECONDS]
+        if due:
+            schedule = schedule[len(due) :]
+            due, held = _window(bot, due, worker=worker, report=report, held=held)
+            begun = transitions.begin_attempts(due, worker=worker)
+            attempts.update(begun)
+            failpoint("before_request")
+            for message in due:
+                if message.pk in begun:
+                    future = telegram.submit(
+                        token=bot.token,
+                        base_url=bot.api_base_url,
+                        method=message.method,
+                        params={"chat_id": message.chat_id, **message.payload},
+                    )
+                    futures[future] = message
+                    pending.add(future)
+            deadline = time.monotonic() + telegram.send_timeout()
+            continue
+        next_slot = start + schedule[0][1] if schedule else None
+        if not pending:
+            time.sleep(max(0.0, next_slot - now))  # type: ignore[operator] - schedule is not empty
+            continue
+        until = min(deadline, next_slot) if next_slot is not None else deadline
+        done, pending = concurrent.futures.wait(
+            pending, timeout=max(0.0, until - now), return_when=concurrent.futures.FIRST_COMPLETED
+        )
+        if pending and done:
+            # Gather the answers that come soon after, to record them in one statement; a
+            # slow request does not keep the others' outcomes waiting for more than this.
+            more, pending = concurrent.futures.wait(pending, timeout=RECORD_GATHER_SECONDS)
+            done |= more
+        if done and not answered:
+            failpoint("after_response")
+            answered = True
+        if not done and time.monotonic() >= deadline:
+            # Our wait ran out: the requests still out may well have reached Telegram.
+            outcomes = [(futures[f], telegram.outcome_of_lost_wait(TimeoutError())) for f in pending]
+            pending = set()
+        else:
+            outcomes = [(futures[f], f.result()) for f in done]
+        held = _record(outcomes, attempts, worker=worker, report=report, held=held)
+    if circuit_dirty and report.sent > sent_before:
+        circuits.record_success(services._circuit_scope(bot.pk))
+    failpoint("after_record")
+    return held
+
+
+def _window(
+    bot, messages: list[OutboundMessage], *, worker: str, report: DrainReport, held: float | None
+) -> tuple[list[OutboundMessage], float | None]:
+    """At their slot: the chat's own limit, a 429 pause and the bot's moving window, as the
+    single send checks them with a reserved slot. Those refused wait with a wake-up of their own."""
+    if not settings.DOVECOTE_RATE_LIMITS_ENABLED:
+        return messages, held
+    go: list[OutboundMessage] = []
+    waits: list[tuple[OutboundMessage, ratelimit.Wait]] = []
+    for message in messages:
+        wait = ratelimit.acquire(
+            bot_id=bot.pk,
+            bot_rate=bot.rate_limit,
+            chat_id=message.chat_id if message.method in services.CREATES_MESSAGE else None,
+            slot_reserved=True,
+        )
+        if wait.seconds > 0:
+            waits.append((message, wait))
+        else:
+            go.append(message)
+    longest = _hold(waits, worker=worker, report=report)
+    if longest is not None:
+        held = max(held or 0.0, time.monotonic() + longest)
+    return go, held
 
 
 def _record(
@@ -296,5 +375,5 @@ def _record(
             services.dispatch(message.pk, countdown=result.countdown, slot_reserved=result.slot_reserved)
         if outcome.error_class in _STOPS_THE_DRAIN:
             wait = result.countdown if result.countdown is not None else policy.MAX_BROKER_COUNTDOWN_SECONDS
-            held = max(held or 0.0, wait)
+            held = max(held or 0.0, time.monotonic() + wait)
     return held
