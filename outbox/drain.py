@@ -8,8 +8,9 @@ loop, and the successes are recorded in one statement as their answers come in. 
 of the single send still holds, in the same order and through the same transitions: the
 claim and the attempt rows are two commits before any request (the sweeper's recovery
 depends on it), a chat's ordered messages go one at a time, expired messages are
-cancelled, the relevance check may veto, each message takes its rate-limit slot, and a
-failed send is decided by `services._record_outcome` exactly as a single one is.
+cancelled, the relevance check may veto, each message goes at a rate-limit slot of its
+own after the chat's limit and the bot's window allow it, and a failed send is decided by
+`services._record_outcome` exactly as a single one is.
 
 Waking a drain is coalesced per bot: `wake()` publishes a drain task only when none is
 queued for that bot (a Redis key set with NX, deleted by the drain as it starts), so a
@@ -45,8 +46,8 @@ logger = logging.getLogger(__name__)
 # pacing a bot at its rate limit, which holds the worker without using it.
 TIME_BUDGET_SECONDS = 10.0
 PACED_BUDGET_SECONDS = 2.0
-# A drain takes the bot's rate-limit slots this far ahead for one batch; its requests wait
-# for their slots on the event loop, and it sleeps at most this long between batches.
+# A drain takes the bot's rate-limit slots this far ahead for one batch and sends each
+# message at its slot; it sleeps at most this long between batches.
 SLOT_HORIZON_SECONDS = 0.25
 PACE_SECONDS = SLOT_HORIZON_SECONDS
 # Answers arriving within this long of the first are recorded by one statement.
