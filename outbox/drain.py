@@ -13,9 +13,11 @@ own after the chat's limit and the bot's window allow it, and a failed send is d
 `services._record_outcome` exactly as a single one is.
 
 Waking a drain is coalesced per bot: `wake()` publishes a drain task only when none is
-queued for that bot (a Redis key set with NX, deleted by the drain as it starts), so a
-burst of a thousand enqueued messages costs a handful of tasks instead of a thousand. A
-drain that leaves work behind (its time budget ran out, or the rate limit holds the rest)
+queued or running for that bot (a Redis key set with NX; the drain lets go of it when it
+finds nothing more to send, and then looks once more), so a burst of a thousand enqueued
+messages costs one task instead of a thousand. While the bot has room, a drain with a full
+batch fans out one more (its own key); a bot at its rate limit is paced by one drain. A
+drain that leaves work behind (its time budget ran out, or Telegram holds the bot)
 publishes its own continuation.
 """
 
@@ -52,9 +54,10 @@ SLOT_HORIZON_SECONDS = 0.25
 PACE_SECONDS = SLOT_HORIZON_SECONDS
 # Answers arriving within this long of the first are recorded by one statement.
 RECORD_GATHER_SECONDS = 0.05
-# The wake-up key outlives a drain task lost with its broker message by at most this long;
-# the sweeper redispatches what such a loss left due meanwhile.
-WAKE_KEY_TTL_MS = 10_000
+# The wake-up key outlives a drain that died, or a drain task lost with its broker message,
+# by at most this long (a running drain renews it each batch); the sweeper redispatches
+# what such a loss left due meanwhile.
+WAKE_KEY_TTL_MS = 15_000
 # Outcomes after which this drain stops and leaves the rest to the retry schedule.
 _STOPS_THE_DRAIN = frozenset({ErrorClass.RATE_LIMITED, ErrorClass.AUTH})
 
@@ -76,29 +79,56 @@ def _wake_key(bot_id: int) -> str:
     return f"{settings.DOVECOTE_REDIS_PREFIX}dovecote:drain:{bot_id}"
 
 
-def wake(bot_id: int) -> bool:
-    """Have a drain of this bot run soon. Never raises: when the broker (Redis) is down the
-    messages stay due in their rows and the sweeper dispatches them."""
+def _extra_key(bot_id: int) -> str:
+    return f"{settings.DOVECOTE_REDIS_PREFIX}dovecote:drain-extra:{bot_id}"
+
+
+def _set_nx(key: str, ttl_seconds: float) -> bool | None:
+    """SET NX with a TTL: True when set, False when already there, None when Redis failed."""
     import redis
 
-    key = _wake_key(bot_id)
     try:
-        if not _redis().set(key, b"1", nx=True, px=WAKE_KEY_TTL_MS):
-            return True  # a drain is queued and has not started yet: it will see the message
+        return bool(_redis().set(key, b"1", nx=True, px=int(ttl_seconds * 1000) + WAKE_KEY_TTL_MS))
     except redis.RedisError as exc:
-        logger.warning("could not wake the drain of bot %s: %s", bot_id, exc)
+        logger.warning("could not set %s: %s", key, exc)
+        return None
+
+
+def _redis_quietly(command: str, *args: object) -> None:
+    import redis
+
+    with contextlib.suppress(redis.RedisError):  # the key expires by itself
+        getattr(_redis(), command)(*args)
+
+
+def wake(bot_id: int, *, countdown: float = 0.0) -> bool:
+    """Have a drain of this bot run (after `countdown`) unless one is queued or running:
+    the wake-up key says so, and the running drain lets go of it only when it finds nothing
+    more to send. Never raises: when the broker (Redis) is down the messages stay due in
+    their rows and the sweeper dispatches them."""
+    taken = _set_nx(_wake_key(bot_id), countdown)
+    if taken is None:
         return False
-    if _publish(bot_id):
+    if not taken:
+        return True  # the queued or running drain will see the message
+    if _publish(bot_id, countdown=countdown):
         return True
-    with contextlib.suppress(redis.RedisError):  # else it expires
-        _redis().delete(key)
+    _redis_quietly("delete", _wake_key(bot_id))
     return False
 
 
-def _publish(bot_id: int, countdown: float = 0.0) -> bool:
+def _fan_out(bot_id: int) -> None:
+    """One more drain of this bot, beside the one that holds the wake-up key, while the bot
+    has room: at most one queued at a time (its own key, deleted as it starts)."""
+    if _set_nx(_extra_key(bot_id), 0) and not _publish(bot_id, extra=True):
+        _redis_quietly("delete", _extra_key(bot_id))
+
+
+def _publish(bot_id: int, countdown: float = 0.0, *, extra: bool = False) -> bool:
     from outbox.tasks import drain_bot
 
-    return publish(drain_bot, (bot_id,), {}, countdown=countdown, what=f"drain of bot {bot_id}")
+    kwargs = {"extra": True} if extra else {}
+    return publish(drain_bot, (bot_id,), kwargs, countdown=countdown, what=f"drain of bot {bot_id}")
 
 
 @dataclass
@@ -123,26 +153,30 @@ class DrainReport:
         return text
 
 
-def outbound_messages_drain(bot_id: int, *, batch_size: int | None = None) -> DrainReport:
+def outbound_messages_drain(bot_id: int, *, batch_size: int | None = None, extra: bool = False) -> DrainReport:
     """Send the bot's due messages, a batch at a time, until none is left, a wait holds the
-    bot (a 429, an open circuit) or the time budget is spent; a continuation then follows."""
-    import redis
+    bot (a 429, an open circuit) or the time budget is spent; a continuation then follows.
 
-    # From here on, a new message needs a new drain: this one may have claimed already.
-    # (Should Redis fail, the key expires; this drain runs anyway.)
-    with contextlib.suppress(redis.RedisError):
-        _redis().delete(_wake_key(bot_id))
+    A drain woken by `wake()` holds the bot's wake-up key while it runs, so that a burst
+    wakes no second one; an `extra` drain (fanned out while the bot has room) does not."""
     from bots.models import Bot
 
+    if extra:
+        _redis_quietly("delete", _extra_key(bot_id))
     bot = Bot.objects.filter(pk=bot_id).first()
     report = DrainReport()
     if bot is None:
+        if not extra:
+            _redis_quietly("delete", _wake_key(bot_id))
         return report
     size = batch_size or settings.DOVECOTE_DRAIN_BATCH_SIZE
     lease = timedelta(seconds=settings.DOVECOTE_SEND_LEASE_SECONDS)
     worker = services.worker_id()
     started = time.monotonic()
+    holds_key = not extra
     while True:
+        if holds_key:
+            _redis_quietly("pexpire", _wake_key(bot_id), WAKE_KEY_TTL_MS)
         circuit = Circuit.objects.filter(scope=services._circuit_scope(bot_id)).first()
         messages = transitions.claim_batch(
             bot_id=bot_id,
@@ -152,7 +186,13 @@ def outbound_messages_drain(bot_id: int, *, batch_size: int | None = None) -> Dr
             due_since=circuits.ramping_since(circuit, rate=bot.rate_limit),
         )
         if not messages:
-            return report
+            if not holds_key:
+                return report
+            # Let go of the key, then look once more: a message committed while it was
+            # still held woke nobody, so this drain must see it.
+            _redis_quietly("delete", _wake_key(bot_id))
+            holds_key = False
+            continue
         failpoint("after_claim")
         report.batches += 1
         full = len(messages) == size
@@ -163,9 +203,8 @@ def outbound_messages_drain(bot_id: int, *, batch_size: int | None = None) -> Dr
         go, held = _take_slots(bot, ready, worker=worker, report=report)
         if full and held is None and all(delay <= ratelimit.SLOT_TOLERANCE_SECONDS for _, delay in go):
             # More may be due and the bot has room: let another worker process take the
-            # next batch while this one sends (coalesced as any wake-up). A bot at its rate
-            # limit is paced by this one drain instead.
-            wake(bot_id)
+            # next batch while this one sends. A bot at its rate limit is paced by one drain.
+            _fan_out(bot_id)
         # A circuit with failures to forget: this batch's successes must reset it.
         dirty = circuit is not None and not (circuit.state == CircuitState.CLOSED and circuit.consecutive_failures == 0)
         held = _send(bot, go, worker=worker, report=report, held=held, circuit_dirty=dirty)
@@ -177,14 +216,25 @@ def outbound_messages_drain(bot_id: int, *, batch_size: int | None = None) -> Dr
             # rest of the backlog, and the next message of a chat whose message just went,
             # have only this one.
             report.continuation = min(wait, policy.MAX_BROKER_COUNTDOWN_SECONDS)
-            _publish(bot_id, countdown=report.continuation)
+            _continue(bot_id, report.continuation, holds_key=holds_key)
             return report
         if wait is not None:
             time.sleep(wait)  # the bot's next slots are this close: pace here, then go on
         elif full and elapsed > TIME_BUDGET_SECONDS:
             report.continuation = 0.0
-            _publish(bot_id)
+            _continue(bot_id, 0.0, holds_key=holds_key)
             return report
+
+
+def _continue(bot_id: int, countdown: float, *, holds_key: bool) -> None:
+    """The drain's continuation: it inherits the wake-up key (kept alive until it runs), or,
+    from a drain without the key, it is an ordinary wake-up."""
+    if not holds_key:
+        wake(bot_id, countdown=countdown)
+        return
+    _redis_quietly("pexpire", _wake_key(bot_id), int(countdown * 1000) + WAKE_KEY_TTL_MS)
+    if not _publish(bot_id, countdown=countdown):
+        _redis_quietly("delete", _wake_key(bot_id))
 
 
 def _drop_expired_and_vetoed(

@@ -20,5 +20,5 @@ def send_outbound_message(message_id: int, slot_reserved: bool = False, bulk: bo
 
 
 @shared_task(name="outbox.drain_bot", ignore_result=True)
-def drain_bot(bot_id: int) -> str:
-    return str(drain.outbound_messages_drain(bot_id))
+def drain_bot(bot_id: int, extra: bool = False) -> str:
+    return str(drain.outbound_messages_drain(bot_id, extra=extra))

@@ -185,6 +185,22 @@ def test_a_burst_of_messages_wakes_one_drain_not_one_task_per_message(bot) -> No
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("no_limits")
+def test_the_woken_drain_holds_the_wake_up_until_nothing_is_left(bot, sandbox) -> None:
+    queue = f"{settings.DOVECOTE_REDIS_PREFIX}{settings.CELERY_TASK_DEFAULT_QUEUE}"
+    enqueue(bot, chat_id=1301)
+    enqueue(bot, chat_id=1302)
+    assert queued_tasks() == ["outbox.drain_bot"]
+    redis.Redis.from_url(settings.REDIS_URL).delete(queue)  # a worker took the task
+
+    assert drain.outbound_messages_drain(bot.pk).sent == 2  # ... and ran it
+    enqueue(bot, chat_id=1303)
+
+    # The drain let go of the wake-up when it found nothing more: the next message wakes one.
+    assert queued_tasks() == ["outbox.drain_bot"]
+
+
+@pytest.mark.django_db(transaction=True)
 def test_with_the_drain_switched_off_each_message_gets_its_own_task(bot, settings) -> None:
     settings.DOVECOTE_DRAIN_BATCH_SIZE = 1
     for i in range(3):
