@@ -52,6 +52,7 @@ PACED_BUDGET_SECONDS = 2.0
 # message at its slot; it sleeps at most this long between batches.
 SLOT_HORIZON_SECONDS = 0.25
 PACE_SECONDS = SLOT_HORIZON_SECONDS
+PACE_LEAD_SECONDS = 0.05
 # Answers arriving within this long of the first are recorded by one statement.
 RECORD_GATHER_SECONDS = 0.05
 # The wake-up key outlives a drain that died, or a drain task lost with its broker message,
@@ -219,7 +220,9 @@ def outbound_messages_drain(bot_id: int, *, batch_size: int | None = None, extra
             _continue(bot_id, report.continuation, holds_key=holds_key)
             return report
         if wait is not None:
-            time.sleep(wait)  # the bot's next slots are this close: pace here, then go on
+            # The bot's next slots are this close: pace here, and claim the next batch a
+            # little before they come, so that no slot passes unused while it is prepared.
+            time.sleep(max(0.0, wait - PACE_LEAD_SECONDS))
         elif full and elapsed > TIME_BUDGET_SECONDS:
             report.continuation = 0.0
             _continue(bot_id, 0.0, holds_key=holds_key)
