@@ -4,6 +4,7 @@ the Bot API sandbox and a Celery worker as subprocesses (stopped by PID, never b
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -15,6 +16,10 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+# A bench stopped by SIGTERM (`timeout`, a CI job) must still stop its worker and
+# sandbox and drop its database: Python's default SIGTERM skips the `finally` that does.
+signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
 # The same process handling as the test suite: own process group, log file, stop by PID.
 from tests.support import Process as Proc  # noqa: E402
