@@ -56,9 +56,10 @@ PACE_LEAD_SECONDS = 0.05
 # Answers arriving within this long of the first are recorded by one statement.
 RECORD_GATHER_SECONDS = 0.05
 # The wake-up key outlives a drain that died, or a drain task lost with its broker message,
-# by at most this long (a running drain renews it each batch); the sweeper redispatches
-# what such a loss left due meanwhile.
-WAKE_KEY_TTL_MS = 15_000
+# by at most this long (a running drain renews it each batch; a batch slower than this only
+# lets a second drain start). Messages that found the key set meanwhile are sent by the
+# next wake-up of their bot, or redispatched by the sweeper.
+WAKE_KEY_TTL_MS = 5_000
 # Outcomes after which this drain stops and leaves the rest to the retry schedule.
 _STOPS_THE_DRAIN = frozenset({ErrorClass.RATE_LIMITED, ErrorClass.AUTH})
 
@@ -211,11 +212,11 @@ def outbound_messages_drain(bot_id: int, *, batch_size: int | None = None, extra
         held = _send(bot, go, worker=worker, report=report, held=held, circuit_dirty=dirty)
         elapsed = time.monotonic() - started
         wait = None if held is None else max(0.0, held - time.monotonic())
-        if wait is not None and (wait > PACE_SECONDS or elapsed > PACED_BUDGET_SECONDS):
+        if wait is not None and (not holds_key or wait > PACE_SECONDS or elapsed > PACED_BUDGET_SECONDS):
             # Telegram (a 429) or the limiter holds the bot for longer than a pause between
-            # batches: come back then. Each deferred message has its own wake-up, but the
-            # rest of the backlog, and the next message of a chat whose message just went,
-            # have only this one.
+            # batches (or this drain is not the one that paces the bot): come back then.
+            # Each deferred message has its own wake-up, but the rest of the backlog, and the
+            # next message of a chat whose message just went, have only this one.
             report.continuation = min(wait, policy.MAX_BROKER_COUNTDOWN_SECONDS)
             _continue(bot_id, report.continuation, holds_key=holds_key)
             return report
@@ -223,7 +224,8 @@ def outbound_messages_drain(bot_id: int, *, batch_size: int | None = None, extra
             # The bot's next slots are this close: pace here, and claim the next batch a
             # little before they come, so that no slot passes unused while it is prepared.
             time.sleep(max(0.0, wait - PACE_LEAD_SECONDS))
-        elif full and elapsed > TIME_BUDGET_SECONDS:
+        elif elapsed > TIME_BUDGET_SECONDS:
+            # Also when the batches are not full: a steady trickle would keep it forever.
             report.continuation = 0.0
             _continue(bot_id, 0.0, holds_key=holds_key)
             return report
