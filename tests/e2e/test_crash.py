@@ -18,6 +18,7 @@ from datetime import timedelta
 
 import pytest
 from django.apps import apps as django_apps
+from django.db import transaction
 from django.test import override_settings
 from django.utils import timezone
 
@@ -235,3 +236,56 @@ def test_beat_runs_the_sweeper_scheduled_by_the_migration(
         timeout=30,
         message=f"beat to run the sweeper:\n{beat.log()}",
     )
+
+
+def _enqueue_batch(bot, prefix: str, n: int = 4) -> list[OutboundMessage]:
+    # One commit, so one drain claims them all in one batch.
+    with transaction.atomic():
+        return [
+            outbound_message_enqueue(
+                bot_id=bot.pk, chat_id=5000 + i, payload={"text": f"{prefix} {i}"}, idempotency_key=f"{prefix}-{i}"
+            )[0]
+            for i in range(n)
+        ]
+
+
+def test_a_drain_killed_after_claiming_a_batch_is_recovered_and_each_message_sent_once(
+    process_env: dict[str, str], processes: list[Process], sandbox, bot_factory
+) -> None:
+    bot = bot_factory()
+    doomed = crash_worker(process_env, processes, failpoint="after_claim", name="worker-f")
+    messages = _enqueue_batch(bot, "batch-f")
+    wait_until(lambda: not doomed.alive(), message="the worker killed itself after claiming the batch")
+    rows = OutboundMessage.objects.filter(pk__in=[m.pk for m in messages])
+    assert {(m.state, m.attempts) for m in rows} == {(State.SENDING, 0)}
+    assert sandbox.calls(token=bot.token) == []
+
+    crash_worker(process_env, processes, name="worker-f2")
+    wait_until(lambda: all(lease_expired(m) for m in messages), timeout=LEASE + 5)
+    assert sweep()["messages_released"] == 4
+    wait_until(lambda: rows.filter(state=State.SENT).count() == 4, timeout=20)
+
+    assert {m.attempts for m in rows.all()} == {1}
+    assert sorted(sandbox.sent_texts(token=bot.token)) == [f"batch-f {i}" for i in range(4)]
+
+
+def test_a_drain_killed_after_its_batch_was_answered_leaves_every_message_unknown_and_resends_none(
+    process_env: dict[str, str], processes: list[Process], sandbox, bot_factory
+) -> None:
+    bot = bot_factory()
+    doomed = crash_worker(process_env, processes, failpoint="after_response", name="worker-g")
+    messages = _enqueue_batch(bot, "batch-g")
+    wait_until(lambda: not doomed.alive(), message="the worker killed itself after the answers")
+    answered = len(sandbox.calls(token=bot.token, method="sendMessage"))
+    assert 1 <= answered <= 4  # at least the first answer was in; the rest may have been on the wire
+
+    rows = OutboundMessage.objects.filter(pk__in=[m.pk for m in messages])
+    assert {(m.state, m.attempts) for m in rows} == {(State.SENDING, 1)}
+    wait_until(lambda: all(lease_expired(m) for m in messages), timeout=LEASE + 5)
+    assert sweep()["messages_unknown"] == 4
+    assert {m.state for m in rows.all()} == {State.UNKNOWN}
+    assert ReconciliationCase.objects.filter(message__in=rows, status=CaseStatus.OPEN).count() == 4
+    with NO_GRACE:
+        sweep()
+    time.sleep(0.5)
+    assert len(sandbox.calls(token=bot.token, method="sendMessage")) == answered  # nothing resent
