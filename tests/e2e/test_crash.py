@@ -4,7 +4,9 @@ Redis. The worker kills itself at a named failpoint (DOVECOTE_FAILPOINTS) or is 
 the test; the sweeper then runs in-process instead of waiting for beat.
 
 For each point: how many messages reached the chat, the final state, the attempts, and
-that the idempotency key never changed.
+that the idempotency key never changed. An enqueued message goes out through its bot's
+drain (outbox/drain.py), so these are the drain's failpoints; the last two tests kill a
+drain holding a batch of four.
 """
 
 from __future__ import annotations
