@@ -140,12 +140,18 @@ class BulkRetry(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     created_at = models.DateTimeField(auto_now_add=True)
+    ticked_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the last batch was released (the sweeper resumes a stalled one)."
+    )
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at"]
         verbose_name = "bulk retry"
         verbose_name_plural = "bulk retries"
+        indexes = [
+            models.Index(fields=["ticked_at"], name="bulkretry_running_idx", condition=models.Q(state="running"))
+        ]
 
     def __str__(self) -> str:
         return f"bulk retry {self.pk} ({self.released}/{self.total}, {self.state})"

@@ -11,7 +11,8 @@ reconciliation/0002, so `beat` needs no set-up). One sweep:
 4. cancels work past its max age with a reason (messages past `expires_at`, consumer runs
    older than their consumer's `max_age`);
 5. redispatches due rows whose broker message was lost - gradually for a destination whose
-   circuit just closed, one probe for one whose circuit is open;
+   circuit just closed, one probe for one whose circuit is open - and resumes a running bulk
+   retry whose next tick was lost;
 6. purges payloads past retention and prunes ledger (Effect) and dedupe (InboundUpdate)
    rows older than DOVECOTE_LEDGER_RETENTION_DAYS (never under Telegram's 24 h) - at most
    once per DOVECOTE_RETENTION_INTERVAL_SECONDS (default 3600).
@@ -48,7 +49,8 @@ from outbox import transitions as outbox_transitions
 from outbox.idempotency import idempotency_records_prune
 from outbox.models import Circuit, CircuitState, Effect, EffectState, ErrorClass, OnAmbiguous, OutboundMessage, State
 from reconciliation import services as reconciliation_services
-from reconciliation.models import CaseStatus, ReconciliationCase
+from reconciliation import triage
+from reconciliation.models import BulkRetry, BulkState, CaseStatus, ReconciliationCase
 
 logger = logging.getLogger(__name__)
 
@@ -303,7 +305,21 @@ def _retention(now: datetime, report: dict[str, int]) -> None:
             report["updates_pruned"] += deleted.get("bots.InboundUpdate", 0)
 
 
-STEPS = (_recover_inbox, _recover_runs, _recover_sends, _redispatch_sends, _retention)
+def bulk_retries_stalled_qs(now: datetime) -> QuerySet[BulkRetry]:
+    """Running bulk retries whose next tick is overdue: its broker message was lost."""
+    return BulkRetry.objects.filter(state=BulkState.RUNNING, ticked_at__lt=now - redispatch_grace())
+
+
+def _resume_bulk_retries(now: datetime, report: dict[str, int]) -> None:
+    for bulk in bulk_retries_stalled_qs(now).only("pk", "tick_seconds", "ticked_at"):
+        if bulk.ticked_at and (now - bulk.ticked_at).total_seconds() < 3 * bulk.tick_seconds:
+            continue  # a slow tick, not a lost one
+        # The tick carries the cursor: should the lost one turn up after all, it stops.
+        if triage.bulk_retry_schedule(bulk.pk):
+            report["bulk_retries_resumed"] += 1
+
+
+STEPS = (_recover_inbox, _recover_runs, _recover_sends, _redispatch_sends, _resume_bulk_retries, _retention)
 
 
 def sweep() -> dict[str, int]:
@@ -322,6 +338,7 @@ def sweep() -> dict[str, int]:
             "messages_probes",
             "messages_ramped",
             "messages_redispatched",
+            "bulk_retries_resumed",
             "payloads_purged",
             "idempotency_records_pruned",
             "effects_pruned",

@@ -307,6 +307,7 @@ def bulk_retry_start(letters: QuerySet | Iterable[int], user: Any, reason: str, 
             max_batch=cap,
             tick_seconds=tick,
             state=BulkState.RUNNING if ids else BulkState.DONE,
+            ticked_at=timezone.now(),
             finished_at=None if ids else timezone.now(),
         )
         audit_record(
@@ -323,24 +324,31 @@ def bulk_retry_start(letters: QuerySet | Iterable[int], user: Any, reason: str, 
 
 
 def bulk_retry_schedule(bulk_id: int, *, countdown: float = 0.0) -> bool:
-    """Publish the next tick on the bulk queue (never the fresh-traffic queue)."""
+    """Publish the next tick on the bulk queue (never the fresh-traffic queue), for the
+    release cursor as it stands: of two ticks for the same cursor only the first releases."""
     from reconciliation.triage_tasks import bulk_retry_tick as task
 
-    # Broker down: logged by publish(); the operator can press "continue" later.
+    released = BulkRetry.objects.filter(pk=bulk_id).values_list("released", flat=True).first()
+    # Broker down: logged by publish(); the sweeper resumes the bulk retry later.
     return publish(
         task.signature(queue=settings.CELERY_TASK_QUEUE_BULK),
         (bulk_id,),
+        {"released": released},
         countdown=countdown,
         what=f"bulk retry {bulk_id}",
     )
 
 
-def bulk_retry_tick(bulk_id: int) -> float | None:
+def bulk_retry_tick(bulk_id: int, *, expect_released: int | None = None) -> float | None:
     """Release the next batch. Returns the seconds until the next tick, or None when done
-    or cancelled. The row is locked for the batch, so a redelivered tick cannot double it."""
+    or cancelled. The row is locked for the batch, so a redelivered tick cannot double it;
+    with `expect_released`, a tick whose cursor has moved on (a second chain of ticks, from
+    the sweeper's resume or an operator's "continue") stops rather than doubling the pace."""
     with transaction.atomic():
         bulk = BulkRetry.objects.select_for_update().filter(pk=bulk_id).first()
         if bulk is None or bulk.state != BulkState.RUNNING:
+            return None
+        if expect_released is not None and bulk.released != expect_released:
             return None
         size = min(bulk.first_batch * 2 ** len(bulk.batches), bulk.max_batch)
         batch = bulk.item_ids[bulk.released : bulk.released + size]
@@ -364,11 +372,22 @@ def bulk_retry_tick(bulk_id: int) -> float | None:
         bulk.skipped += counts[SKIPPED]
         bulk.batches = [*bulk.batches, len(batch)]
         bulk.reasons = reasons
+        bulk.ticked_at = timezone.now()
         done = bulk.released >= bulk.total
         if done:
             bulk.state, bulk.finished_at = BulkState.DONE, timezone.now()
         bulk.save(
-            update_fields=["released", "requeued", "refused", "skipped", "batches", "reasons", "state", "finished_at"]
+            update_fields=[
+                "released",
+                "requeued",
+                "refused",
+                "skipped",
+                "batches",
+                "reasons",
+                "ticked_at",
+                "state",
+                "finished_at",
+            ]
         )
         if done:
             audit_record(

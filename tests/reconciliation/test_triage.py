@@ -3,15 +3,19 @@ requeues with the same key; edit-and-retry keeps history; bulk retry releases in
 
 from __future__ import annotations
 
+import base64
+import json
 from datetime import timedelta
 
 import pytest
+import redis
 from django.utils import timezone
 
 from bots.models import ConsumerRun, RunState
 from outbox.models import Circuit, CircuitState, DeadLetter, DeadLetterStatus, Effect, EffectState, ErrorClass, State
 from reconciliation import triage
 from reconciliation.models import AuditEntry, BulkRetry, BulkState, PayloadVersion
+from reconciliation.sweeper import sweep
 from tests.reconciliation.triage_helpers import failed_by_sandbox, failed_row, failed_run, message_of, persona, send_now
 
 
@@ -209,6 +213,39 @@ def test_a_cancelled_bulk_retry_releases_nothing_more(bot, alice) -> None:
     assert (bulk.state, bulk.released, bulk.requeued) == (BulkState.CANCELLED, 10, 10)
     assert DeadLetter.objects.filter(status=DeadLetterStatus.OPEN).count() == 15
     assert AuditEntry.objects.filter(action="deadletter.bulk_retry_cancel", actor=alice).exists()
+
+
+def test_a_second_chain_of_ticks_for_the_same_cursor_releases_nothing(bot, alice) -> None:
+    letters = [failed_row(bot) for _ in range(45)]
+    bulk = triage.bulk_retry_start([x.pk for x in letters], alice, "recovered")
+
+    assert triage.bulk_retry_tick(bulk.pk, expect_released=0) == 1.0  # the planned tick
+    # The sweeper's resume (or a lost tick turning up late) for the same cursor: it stops.
+    assert triage.bulk_retry_tick(bulk.pk, expect_released=0) is None
+    bulk.refresh_from_db()
+    assert (bulk.released, bulk.batches) == (10, [10])
+    assert triage.bulk_retry_tick(bulk.pk, expect_released=10) == 1.0
+
+
+def test_the_sweeper_resumes_a_bulk_retry_whose_next_tick_was_lost(bot, alice, settings) -> None:
+    settings.DOVECOTE_REDISPATCH_GRACE_SECONDS = 0
+    letters = [failed_row(bot) for _ in range(25)]
+    bulk = triage.bulk_retry_start([x.pk for x in letters], alice, "recovered")
+    triage.bulk_retry_tick(bulk.pk)
+    queue = f"{settings.DOVECOTE_REDIS_PREFIX}{settings.CELERY_TASK_QUEUE_BULK}"
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    client.delete(queue)  # the next tick's broker message is lost
+    # A tick that is only slow is left alone ...
+    assert sweep()["bulk_retries_resumed"] == 0
+    # ... one overdue by three ticks and the grace is resumed, for the cursor where it stopped.
+    BulkRetry.objects.filter(pk=bulk.pk).update(ticked_at=timezone.now() - timedelta(seconds=5))
+
+    assert sweep()["bulk_retries_resumed"] == 1
+
+    queued = [json.loads(raw) for raw in client.lrange(queue, 0, -1)]
+    [tick] = [m for m in queued if m["headers"]["task"] == "reconciliation.bulk_retry_tick"]
+    args, kwargs, _ = json.loads(base64.b64decode(tick["body"]))
+    assert (args, kwargs) == ([bulk.pk], {"released": 10})
 
 
 def test_recover_since_takes_only_the_chosen_bot_reason_and_time(bot_factory, alice) -> None:
