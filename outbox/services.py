@@ -291,6 +291,11 @@ def outbound_message_send(message_id: int, *, slot_reserved: bool = False) -> Se
     return result
 
 
+# Refusals that come from Telegram itself, with a working token (not 401, not a 5xx or a
+# lost connection): for the bot's circuit they count as the destination being healthy.
+ANSWERED_BY_TELEGRAM = frozenset({ErrorClass.PERMANENT, ErrorClass.MIGRATED, ErrorClass.RATE_LIMITED})
+
+
 def _record_outcome(
     message: OutboundMessage, *, worker: str, attempt: Any, outcome: telegram.CallOutcome
 ) -> SendResult:
@@ -308,6 +313,10 @@ def _record_outcome(
 
     cls = outcome.error_class
     logger.info("send of message %s failed: %s (%s)", message.pk, cls, outcome.description, extra={"error_class": cls})
+    if cls in ANSWERED_BY_TELEGRAM and getattr(message, "circuit_dirty", True):
+        # Telegram answered and accepted the token, only not this request: the bot is
+        # reachable, so a half-open probe succeeded and counted failures are forgotten.
+        circuits.record_success(_circuit_scope(message.bot_id))
     if cls == ErrorClass.RATE_LIMITED:
         # Telegram's retry_after is a floor, never shortened; flood control is per bot.
         wait = max(outcome.retry_after or 1.0, 0.0)

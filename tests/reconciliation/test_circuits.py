@@ -85,6 +85,21 @@ def test_a_successful_probe_closes_the_circuit(bot, sandbox) -> None:
     assert len(sandbox.messages(token=bot.token)) == 1
 
 
+def test_a_probe_that_telegram_refuses_for_its_own_reasons_still_closes_the_circuit(bot, sandbox) -> None:
+    # The token works again; the probe's chat, though, has blocked the bot: Telegram answered,
+    # so the bot is reachable and authorised, and its queue need not wait for another probe.
+    scope = f"bot:{bot.pk}"
+    circuits.open_for_auth(scope, reason="Unauthorized")
+    probe, _ = outbound_message_enqueue(bot_id=bot.pk, chat_id=8, payload={"text": "probe"}, idempotency_key="p1")
+    waiting, _ = outbound_message_enqueue(bot_id=bot.pk, chat_id=9, payload={"text": "next"}, idempotency_key="p2")
+    sandbox.fault("403", chat_id=8)
+    probe_due(scope)
+
+    assert outbound_message_send(probe.pk).status == "dead-lettered"
+    assert Circuit.objects.get(scope=scope).state == CircuitState.CLOSED
+    assert outbound_message_send(waiting.pk).status == "sent"
+
+
 def test_a_failed_probe_reopens_for_longer_without_a_second_alert(db: None, caplog) -> None:
     circuits.open_for_auth("consumer:crm", reason="401")
     Circuit.objects.filter(scope="consumer:crm").update(
