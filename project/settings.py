@@ -213,6 +213,8 @@ DOVECOTE_RATE_LIMITS_ENABLED = env.bool("DOVECOTE_RATE_LIMITS_ENABLED", default=
 DOVECOTE_RELEVANCE_CHECK = env.str("DOVECOTE_RELEVANCE_CHECK", default="")
 DOVECOTE_PAYLOAD_RETENTION_DAYS = env.int("DOVECOTE_PAYLOAD_RETENTION_DAYS", default=30)
 DOVECOTE_IDEMPOTENCY_KEEP_HOURS = env.int("DOVECOTE_IDEMPOTENCY_KEEP_HOURS", default=24)  # API keys: at least 24 h
+# Sent and cancelled outbox messages (and their attempts) are deleted after this; 0 keeps them.
+DOVECOTE_OUTBOX_RETENTION_DAYS = env.int("DOVECOTE_OUTBOX_RETENTION_DAYS", default=90)
 DOVECOTE_LEDGER_RETENTION_DAYS = max(1, env.int("DOVECOTE_LEDGER_RETENTION_DAYS", default=7))
 DOVECOTE_SWEEP_INTERVAL_SECONDS = env.int("DOVECOTE_SWEEP_INTERVAL_SECONDS", default=15)
 # on_ambiguous=resend: how long an unknown message waits before the sweeper resends it.

@@ -14,8 +14,9 @@ reconciliation/0002, so `beat` needs no set-up). One sweep:
    circuit just closed, one probe for one whose circuit is open - and resumes a running bulk
    retry whose next tick was lost;
 6. purges payloads past retention and prunes ledger (Effect) and dedupe (InboundUpdate)
-   rows older than DOVECOTE_LEDGER_RETENTION_DAYS (never under Telegram's 24 h) - at most
-   once per DOVECOTE_RETENTION_INTERVAL_SECONDS (default 3600).
+   rows older than DOVECOTE_LEDGER_RETENTION_DAYS (never under Telegram's 24 h), and sent or
+   cancelled messages older than DOVECOTE_OUTBOX_RETENTION_DAYS with their attempts - at
+   most once per DOVECOTE_RETENTION_INTERVAL_SECONDS (default 3600).
 
 Two sweepers at once (two beats, a manual run): on PostgreSQL a session advisory lock lets
 one run and the other return at once; PostgreSQL drops the lock with the session, so a
@@ -114,6 +115,18 @@ def messages_due_qs(now: datetime, *, bot_id: int | None = None) -> QuerySet[Out
 def effects_prunable_qs(cutoff: datetime) -> QuerySet[Effect]:
     # Unknown and started effects are kept: they have cases, or may still be running.
     return Effect.objects.filter(created_at__lt=cutoff, state__in=[EffectState.DONE, EffectState.FAILED])
+
+
+def messages_prunable_qs(cutoff: datetime) -> QuerySet[OutboundMessage]:
+    """Sent and cancelled messages last changed before `cutoff`, with their attempts, and with
+    no open dead letter or case (failed and unknown messages are an operator's business)."""
+    from outbox.models import DeadLetter, DeadLetterStatus
+
+    open_letters = DeadLetter.objects.filter(message=OuterRef("pk"), status=DeadLetterStatus.OPEN)
+    open_cases = ReconciliationCase.objects.filter(message=OuterRef("pk"), status=CaseStatus.OPEN)
+    return OutboundMessage.objects.filter(state__in=[State.SENT, State.CANCELLED], updated_at__lt=cutoff).filter(
+        ~Exists(open_letters), ~Exists(open_cases)
+    )
 
 
 def updates_prunable_qs(cutoff: datetime, max_id: int) -> QuerySet[InboundUpdate]:
@@ -297,6 +310,14 @@ def _retention(now: datetime, report: dict[str, int]) -> None:
     ids = _ids(effects_prunable_qs(cutoff), "created_at", PRUNE_BATCH)
     if ids:
         report["effects_pruned"] += Effect.objects.filter(pk__in=ids).delete()[1].get("outbox.Effect", 0)
+    keep = int(getattr(settings, "DOVECOTE_OUTBOX_RETENTION_DAYS", 0))
+    if keep > 0:
+        # Never under the ledger's retention: a message's key must outlive the updates and
+        # effects that could ask for it again.
+        ids = _ids(messages_prunable_qs(now - timedelta(days=max(keep, days))), "updated_at", PRUNE_BATCH)
+        if ids:
+            deleted = OutboundMessage.objects.filter(pk__in=ids).delete()[1]
+            report["messages_pruned"] += deleted.get("outbox.OutboundMessage", 0)
     boundary = _boundary_id(InboundUpdate, "received_at", cutoff)
     if boundary is not None:
         ids = _ids(updates_prunable_qs(cutoff, boundary), "pk", PRUNE_BATCH)
@@ -342,6 +363,7 @@ def sweep() -> dict[str, int]:
             "payloads_purged",
             "idempotency_records_pruned",
             "effects_pruned",
+            "messages_pruned",
             "updates_pruned",
         ),
         0,

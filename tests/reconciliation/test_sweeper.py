@@ -13,7 +13,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from bots.models import ConsumerRun, InboundUpdate, RunState, UpdateState
-from outbox.models import Effect, EffectState, ErrorClass, OutboundMessage, State
+from outbox.models import Attempt, Effect, EffectState, ErrorClass, OutboundMessage, State
 from reconciliation.models import CaseStatus, ReconciliationCase
 from reconciliation.sweeper import SWEEP_LOCK_KEY, sweep
 from tests.reconciliation.factories import message_row, open_attempt, stored_update
@@ -154,6 +154,35 @@ def test_old_ledger_and_dedupe_rows_are_pruned_and_recent_or_open_ones_kept(bot)
     assert (report["effects_pruned"], report["updates_pruned"]) == (1, 1)
     assert set(Effect.objects.values_list("key", flat=True)) == {"eff:old:unknown", "eff:young:done"}
     assert set(InboundUpdate.objects.values_list("pk", flat=True)) == {old_failed_run_update.pk, young_update.pk}
+
+
+def test_old_sent_and_cancelled_messages_are_pruned_with_their_attempts_and_the_rest_kept(bot) -> None:
+    old_sent = message_row(bot, key="old-sent", state=State.SENT)
+    open_attempt(old_sent)
+    old_cancelled = message_row(bot, key="old-cancelled", state=State.CANCELLED)
+    old_failed = message_row(bot, key="old-failed", state=State.FAILED)
+    old_sent_with_open_case = message_row(bot, key="old-sent-case", state=State.SENT)
+    ReconciliationCase.objects.create(
+        message=old_sent_with_open_case, idempotency_key="old-sent-case", status=CaseStatus.OPEN
+    )
+    young_sent = message_row(bot, key="young-sent", state=State.SENT)
+    for message in (old_sent, old_cancelled, old_failed, old_sent_with_open_case):
+        _age(OutboundMessage, message.pk, "updated_at", 91)
+    _age(OutboundMessage, young_sent.pk, "updated_at", 89)
+
+    with override_settings(DOVECOTE_OUTBOX_RETENTION_DAYS=90):
+        report = sweep()
+
+    assert report["messages_pruned"] == 2
+    assert set(OutboundMessage.objects.values_list("idempotency_key", flat=True)) == {
+        "old-failed",
+        "old-sent-case",
+        "young-sent",
+    }
+    assert not Attempt.objects.filter(message_id=old_sent.pk).exists()
+    with override_settings(DOVECOTE_OUTBOX_RETENTION_DAYS=0):
+        _age(OutboundMessage, young_sent.pk, "updated_at", 400)
+        assert sweep()["messages_pruned"] == 0  # 0 keeps them
 
 
 def test_dedupe_rows_are_kept_for_telegrams_24_hours_whatever_the_setting(bot) -> None:

@@ -41,6 +41,12 @@ PLANS: list[tuple[str, Callable[[], Any], str, str]] = [
         "outbox_state_updated_idx",
     ),
     ("prunable effects", lambda: sweeper.effects_prunable_qs(NOW), "created_at", "effect_created_idx"),
+    (
+        "prunable messages",
+        lambda: sweeper.messages_prunable_qs(NOW),
+        "updated_at",
+        "outbox_state_updated_idx",
+    ),
     ("stalled bulk retries", lambda: sweeper.bulk_retries_stalled_qs(NOW), "ticked_at", "bulkretry_running_idx"),
 ]
 
