@@ -35,7 +35,7 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
-from outbox import circuits, policy, ratelimit, services, telegram, transitions
+from outbox import circuits, policy, ratelimit, selectors, services, telegram, transitions
 from outbox.failpoints import failpoint
 from outbox.logging import current_trace_id
 from outbox.models import Attempt, Circuit, CircuitState, ErrorClass, OutboundMessage
@@ -161,11 +161,9 @@ def outbound_messages_drain(bot_id: int, *, batch_size: int | None = None, extra
 
     A drain woken by `wake()` holds the bot's wake-up key while it runs, so that a burst
     wakes no second one; an `extra` drain (fanned out while the bot has room) does not."""
-    from bots.models import Bot
-
     if extra:
         _redis_quietly("delete", _extra_key(bot_id))
-    bot = Bot.objects.filter(pk=bot_id).first()
+    bot = selectors.bot_model().objects.filter(pk=bot_id).first()
     report = DrainReport()
     if bot is None:
         if not extra:

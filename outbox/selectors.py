@@ -90,6 +90,11 @@ def outbound_message_for_send(message_id: int, *, now: datetime) -> OutboundMess
     )
 
 
+def bot_model() -> type[Model]:
+    """The bot model, through the outbox's foreign key: outbox imports nothing from bots."""
+    return OutboundMessage._meta.get_field("bot").related_model  # type: ignore[return-value]
+
+
 @cache
 def _columns(model: type[Model]) -> tuple[list[str], list[int]]:
     fields = model._meta.concrete_fields
@@ -108,8 +113,7 @@ def _from_row(model: type[Model], values: list) -> Model:
 
 @cache
 def _for_send_sql() -> str:
-    from bots.models import Bot
-
+    Bot = bot_model()
     message_columns, _ = _columns(OutboundMessage)
     bot_columns, _ = _columns(Bot)
     m, b, c = OutboundMessage._meta.db_table, Bot._meta.db_table, Circuit._meta.db_table
@@ -140,8 +144,7 @@ def message_from_row(values: list) -> OutboundMessage:
 
 
 def _outbound_message_for_send_pg(message_id: int, now: datetime) -> OutboundMessage | None:
-    from bots.models import Bot
-
+    Bot = bot_model()
     with connection.cursor() as cursor:
         cursor.execute(_for_send_sql(), [now, message_id])
         row = cursor.fetchone()

@@ -521,8 +521,7 @@ def _broadcast_slots(*, bot_id: int, method: str, send_at: datetime | None, n: i
     Messages past the horizon get none and take the usual path."""
     if not settings.DOVECOTE_RATE_LIMITS_ENABLED or method not in CREATES_MESSAGE or send_at or n == 0:
         return []
-    bot_model = OutboundMessage._meta.get_field("bot").related_model
-    rate = bot_model.objects.filter(pk=bot_id).values_list("rate_limit", flat=True).first()
+    rate = selectors.bot_model().objects.filter(pk=bot_id).values_list("rate_limit", flat=True).first()
     if not rate:
         return []
     return ratelimit.reserve_slots(bot_id, rate, n, horizon=policy.MAX_BROKER_COUNTDOWN_SECONDS)
