@@ -103,15 +103,19 @@ def _redis_quietly(command: str, *args: object) -> None:
         getattr(_redis(), command)(*args)
 
 
-def wake(bot_id: int, *, countdown: float = 0.0) -> bool:
+def wake(bot_id: int, *, countdown: float = 0.0, force: bool = False) -> bool:
     """Have a drain of this bot run (after `countdown`) unless one is queued or running:
     the wake-up key says so, and the running drain lets go of it only when it finds nothing
     more to send. Never raises: when the broker (Redis) is down the messages stay due in
-    their rows and the sweeper dispatches them."""
+    their rows and the sweeper dispatches them.
+
+    `force` (the sweeper) publishes whatever the key says: the drain it stands for may have
+    been lost with its worker or its broker message; if it was not, two drains take
+    different rows (SKIP LOCKED)."""
     taken = _set_nx(_wake_key(bot_id), countdown)
     if taken is None:
         return False
-    if not taken:
+    if not taken and not force:
         return True  # the queued or running drain will see the message
     if _publish(bot_id, countdown=countdown):
         return True

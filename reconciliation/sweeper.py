@@ -44,7 +44,7 @@ from bots import registry
 from bots import services as bot_services
 from bots import transitions as bot_transitions
 from bots.models import Bot, ConsumerRun, InboundUpdate, RunState, UpdateState
-from outbox import circuits
+from outbox import circuits, drain
 from outbox import services as outbox_services
 from outbox import transitions as outbox_transitions
 from outbox.idempotency import idempotency_records_prune
@@ -221,12 +221,24 @@ def _recover_sends(now: datetime, report: dict[str, int]) -> None:
             report["messages_expired"] += 1
 
 
-def _redispatch(pks: list[int], now: datetime) -> int:
+def _redispatch(pks: list[int], now: datetime, *, probe: bool = False) -> int:
+    """Make the messages due now and hand them to workers: through their bot's drain (one
+    forced wake-up per bot and sweep: the drain the wake-up key stands for may be the one
+    that was lost), except a circuit's probe and broadcasts, which go one by one."""
+    drained = not probe and drain.enabled()
+    bots = dict(OutboundMessage.objects.filter(pk__in=pks, broadcast="").values_list("pk", "bot_id")) if drained else {}
     sent = 0
+    woken: dict[int, list[int]] = {}
     for pk in pks:
-        n = OutboundMessage.objects.filter(pk=pk, state__in=WAITING).update(next_attempt_at=now)
-        if n and outbox_services.dispatch(pk):
+        if not OutboundMessage.objects.filter(pk=pk, state__in=WAITING).update(next_attempt_at=now):
+            continue
+        if pk in bots:
+            woken.setdefault(bots[pk], []).append(pk)
+        elif outbox_services.dispatch(pk):
             sent += 1
+    for bot_id, bot_pks in woken.items():
+        if drain.wake(bot_id, force=True):
+            sent += len(bot_pks)
     return sent
 
 
@@ -250,7 +262,7 @@ def _redispatch_sends(now: datetime, report: dict[str, int]) -> None:
             probe_due = not circuit.manual and circuit.next_probe_at is not None and circuit.next_probe_at <= now
             if probe_due:
                 probe = _ids(messages_due_qs(now, bot_id=bot_id), "next_attempt_at", 1)
-                report["messages_probes"] += _redispatch(probe, now)
+                report["messages_probes"] += _redispatch(probe, now, probe=True)
             continue
         rate = Bot.objects.filter(pk=bot_id).values_list("rate_limit", flat=True).first() or 30
         allowance = circuits.ramp_allowance(circuit, cap=int(rate * tick), tick_seconds=tick)

@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from outbox import circuits, drain, services, transitions
 from outbox.models import Attempt, Circuit, CircuitState, DeadLetter, ErrorClass, OutboundMessage, State
+from reconciliation.sweeper import sweep
 from tests.outbox.helpers import enqueue
 from tests.outbox.test_delivery_rules import warm_up
 from tests.support import Process, start_worker, wait_until
@@ -263,3 +264,20 @@ def test_after_an_outage_a_drain_sends_new_messages_and_leaves_the_backlog_to_th
     assert sandbox.sent_texts(token=bot.token) == ["a new reply"]
     assert OutboundMessage.objects.get(pk=fresh.pk).state == State.SENT
     assert OutboundMessage.objects.filter(pk__in=[m.pk for m in backlog], state=State.PENDING).count() == 5
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_sweeper_wakes_a_drain_even_while_a_lost_one_still_holds_the_wake_up(bot, settings) -> None:
+    settings.DOVECOTE_REDISPATCH_GRACE_SECONDS = 0
+    messages = [enqueue(bot, chat_id=1400 + i) for i in range(3)]
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    client.delete(f"{settings.DOVECOTE_REDIS_PREFIX}{settings.CELERY_TASK_DEFAULT_QUEUE}")  # the drain task is lost
+    assert client.exists(f"{settings.DOVECOTE_REDIS_PREFIX}dovecote:drain:{bot.pk}")  # its wake-up key is not
+    enqueue(bot, chat_id=1499)
+    assert queued_tasks() == []  # so a new message wakes nobody ...
+
+    report = sweep()
+
+    # ... but the sweeper does: one drain for the bot's four due messages.
+    assert report["messages_redispatched"] == len(messages) + 1
+    assert queued_tasks() == ["outbox.drain_bot"]
