@@ -103,19 +103,20 @@ def _redis_quietly(command: str, *args: object) -> None:
         getattr(_redis(), command)(*args)
 
 
-def wake(bot_id: int, *, countdown: float = 0.0, force: bool = False) -> bool:
+def wake(bot_id: int, *, countdown: float = 0.0) -> bool:
     """Have a drain of this bot run (after `countdown`) unless one is queued or running:
     the wake-up key says so, and the running drain lets go of it only when it finds nothing
     more to send. Never raises: when the broker (Redis) is down the messages stay due in
     their rows and the sweeper dispatches them.
 
-    `force` (the sweeper) publishes whatever the key says: the drain it stands for may have
-    been lost with its worker or its broker message; if it was not, two drains take
-    different rows (SKIP LOCKED)."""
+    A drain lost with its worker or its broker message stops renewing the key, which then
+    expires (WAKE_KEY_TTL_MS); until then wake-ups, the sweeper's too, trust it. The
+    sweeper's next tick wakes a new one: recovery never starts a second pacer for a bot
+    whose drain is alive."""
     taken = _set_nx(_wake_key(bot_id), countdown)
     if taken is None:
         return False
-    if not taken and not force:
+    if not taken:
         return True  # the queued or running drain will see the message
     if _publish(bot_id, countdown=countdown):
         return True

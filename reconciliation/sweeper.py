@@ -223,8 +223,9 @@ def _recover_sends(now: datetime, report: dict[str, int]) -> None:
 
 def _redispatch(pks: list[int], now: datetime, *, probe: bool = False) -> int:
     """Make the messages due now and hand them to workers: through their bot's drain (one
-    forced wake-up per bot and sweep: the drain the wake-up key stands for may be the one
-    that was lost), except a circuit's probe and broadcasts, which go one by one."""
+    wake-up per bot: a live drain takes them in turn, a lost one's key expires within
+    seconds and the next sweep wakes a new one), except a circuit's probe and broadcasts,
+    which go one by one."""
     drained = not probe and drain.enabled()
     bots = dict(OutboundMessage.objects.filter(pk__in=pks, broadcast="").values_list("pk", "bot_id")) if drained else {}
     sent = 0
@@ -237,7 +238,7 @@ def _redispatch(pks: list[int], now: datetime, *, probe: bool = False) -> int:
         elif outbox_services.dispatch(pk):
             sent += 1
     for bot_id, bot_pks in woken.items():
-        if drain.wake(bot_id, force=True):
+        if drain.wake(bot_id):
             sent += len(bot_pks)
     return sent
 

@@ -202,7 +202,14 @@ def test_a_worker_restarted_during_a_backoff_wait_keeps_the_schedule_and_the_key
     time.sleep(0.1)
     with NO_GRACE:
         assert sweep()["messages_redispatched"] == 1
-    wait_until(lambda: OutboundMessage.objects.filter(pk=message.pk, state=State.SENT).exists(), timeout=20)
+
+        # The bot's drain died with the worker too; its wake-up key expires within seconds,
+        # and a later sweep (beat runs it every tick) wakes a new one.
+        def sent_after_a_sweep() -> bool:
+            sweep()
+            return OutboundMessage.objects.filter(pk=message.pk, state=State.SENT).exists()
+
+        wait_until(sent_after_a_sweep, timeout=30, interval=1.0)
 
     message.refresh_from_db()
     assert (message.attempts, message.idempotency_key) == (2, "crash-e")
