@@ -150,13 +150,16 @@ def ramp_allowance(circuit: Circuit, *, cap: int, tick_seconds: float) -> int | 
     return allowance
 
 
+def bot_ramp_allowance(circuit: Circuit, *, rate: int | None) -> int | None:
+    """`ramp_allowance` for a bot's circuit, per sweeper tick, capped by the bot's rate."""
+    tick = float(settings.DOVECOTE_SWEEP_INTERVAL_SECONDS)
+    return ramp_allowance(circuit, cap=int((rate or 30) * tick), tick_seconds=tick)
+
+
 def ramping_since(circuit: Circuit | None, *, rate: int) -> datetime | None:
     """When a recovering destination's circuit closed, while the sweeper still releases its
     backlog gradually (the ramp); None otherwise. Senders leave that backlog to the ramp."""
-    if circuit is None:
-        return None
-    tick = float(settings.DOVECOTE_SWEEP_INTERVAL_SECONDS)
-    if ramp_allowance(circuit, cap=int((rate or 30) * tick), tick_seconds=tick) is None:
+    if circuit is None or bot_ramp_allowance(circuit, rate=rate) is None:
         return None
     return circuit.updated_at
 

@@ -29,7 +29,6 @@ import logging
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
-from functools import cache
 
 from django.conf import settings
 from django.db import connection
@@ -51,7 +50,6 @@ PACED_BUDGET_SECONDS = 2.0
 # A drain takes the bot's rate-limit slots this far ahead for one batch and sends each
 # message at its slot; it sleeps at most this long between batches.
 SLOT_HORIZON_SECONDS = 0.25
-PACE_SECONDS = SLOT_HORIZON_SECONDS
 PACE_LEAD_SECONDS = 0.05
 # Answers arriving within this long of the first are recorded by one statement.
 RECORD_GATHER_SECONDS = 0.05
@@ -70,13 +68,6 @@ def enabled() -> bool:
     return settings.DOVECOTE_DRAIN_BATCH_SIZE > 1 and bool(settings.REDIS_URL) and connection.vendor == "postgresql"
 
 
-@cache
-def _redis():
-    import redis
-
-    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
-
-
 def _wake_key(bot_id: int) -> str:
     return f"{settings.DOVECOTE_REDIS_PREFIX}dovecote:drain:{bot_id}"
 
@@ -90,7 +81,7 @@ def _set_nx(key: str, ttl_seconds: float) -> bool | None:
     import redis
 
     try:
-        return bool(_redis().set(key, b"1", nx=True, px=int(ttl_seconds * 1000) + WAKE_KEY_TTL_MS))
+        return bool(ratelimit.redis_client().set(key, b"1", nx=True, px=int(ttl_seconds * 1000) + WAKE_KEY_TTL_MS))
     except redis.RedisError as exc:
         logger.warning("could not set %s: %s", key, exc)
         return None
@@ -100,7 +91,7 @@ def _redis_quietly(command: str, *args: object) -> None:
     import redis
 
     with contextlib.suppress(redis.RedisError):  # the key expires by itself
-        getattr(_redis(), command)(*args)
+        getattr(ratelimit.redis_client(), command)(*args)
 
 
 def wake(bot_id: int, *, countdown: float = 0.0) -> bool:
@@ -215,7 +206,7 @@ def outbound_messages_drain(bot_id: int, *, batch_size: int | None = None, extra
         held = _send(bot, go, worker=worker, report=report, held=held, circuit_dirty=dirty)
         elapsed = time.monotonic() - started
         wait = None if held is None else max(0.0, held - time.monotonic())
-        if wait is not None and (not holds_key or wait > PACE_SECONDS or elapsed > PACED_BUDGET_SECONDS):
+        if wait is not None and (not holds_key or wait > SLOT_HORIZON_SECONDS or elapsed > PACED_BUDGET_SECONDS):
             # Telegram (a 429) or the limiter holds the bot for longer than a pause between
             # batches (or this drain is not the one that paces the bot): come back then.
             # Each deferred message has its own wake-up, but the rest of the backlog, and the
@@ -400,7 +391,7 @@ def _window(
         wait = ratelimit.acquire(
             bot_id=bot.pk,
             bot_rate=bot.rate_limit,
-            chat_id=message.chat_id if message.method in services.CREATES_MESSAGE else None,
+            chat_id=services.limited_chat_id(message),
             slot_reserved=True,
         )
         if wait.seconds > 0:

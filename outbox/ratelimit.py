@@ -35,7 +35,8 @@ def _limiter() -> MovingWindowRateLimiter:
 
 
 @cache
-def _redis():
+def redis_client():
+    """This process's client for Dovecote's own Redis keys (the limiter's, the drain's)."""
     import redis
 
     return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
@@ -55,9 +56,9 @@ def pause_bot(bot_id: int, seconds: float) -> None:
     if settings.REDIS_URL:
         # Keep the later of two pauses: two workers may both meet a 429.
         key = _pause_key(bot_id)
-        current = _redis().get(key)
+        current = redis_client().get(key)
         if current is None or float(current) < until:
-            _redis().set(key, repr(until), px=max(1, int(seconds * 1000)))
+            redis_client().set(key, repr(until), px=max(1, int(seconds * 1000)))
     else:
         with _local_lock:
             _local_pauses[bot_id] = max(until, _local_pauses.get(bot_id, 0.0))
@@ -66,7 +67,7 @@ def pause_bot(bot_id: int, seconds: float) -> None:
 def bot_paused_for(bot_id: int) -> float:
     """Seconds left of the bot's flood-control pause (0 when none)."""
     if settings.REDIS_URL:
-        value = _redis().get(_pause_key(bot_id))
+        value = redis_client().get(_pause_key(bot_id))
         until = float(value) if value is not None else 0.0
     else:
         until = _local_pauses.get(bot_id, 0.0)
@@ -114,7 +115,7 @@ _local_slots: dict[int, float] = {}
 
 @cache
 def _reserve_script():
-    return _redis().register_script(_RESERVE_LUA)
+    return redis_client().register_script(_RESERVE_LUA)
 
 
 def _slot_key(bot_id: int) -> str:
@@ -163,7 +164,7 @@ return {tostring(k), tostring(delay)}
 
 @cache
 def _reserve_many_script():
-    return _redis().register_script(_RESERVE_MANY_LUA)
+    return redis_client().register_script(_RESERVE_MANY_LUA)
 
 
 def reserve_slots(bot_id: int, rate: float, n: int, *, horizon: float) -> list[float]:
@@ -256,5 +257,5 @@ def reset() -> None:
     if settings.REDIS_URL:
         prefix = settings.DOVECOTE_REDIS_PREFIX
         for pattern in (f"{prefix}dovecote:flood:*", f"{prefix}dovecote:slot:*"):
-            for key in _redis().scan_iter(pattern):
-                _redis().delete(key)
+            for key in redis_client().scan_iter(pattern):
+                redis_client().delete(key)

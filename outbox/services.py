@@ -75,6 +75,12 @@ SUPPORTED_METHODS = frozenset(
 CREATES_MESSAGE = frozenset(m for m in SUPPORTED_METHODS if m.startswith(("send", "copy", "forward")))
 
 
+def limited_chat_id(message: OutboundMessage) -> int | None:
+    """The chat whose flood limit this send counts against: None for calls that put no new
+    message in a chat (edits, deletions, callback answers)."""
+    return message.chat_id if message.method in CREATES_MESSAGE else None
+
+
 def _validate(method: str, chat_id: Any, payload: Any) -> None:
     if method not in SUPPORTED_METHODS:
         raise MessageRejected(f"unsupported Bot API method {method!r}", field="method")
@@ -246,7 +252,7 @@ def outbound_message_send(message_id: int, *, slot_reserved: bool = False) -> Se
     wait = ratelimit.acquire(
         bot_id=message.bot_id,
         bot_rate=message.bot.rate_limit,
-        chat_id=message.chat_id if message.method in CREATES_MESSAGE else None,
+        chat_id=limited_chat_id(message),
         slot_reserved=slot_reserved,
     )
     if wait.seconds > 0:

@@ -265,8 +265,8 @@ def _redispatch_sends(now: datetime, report: dict[str, int]) -> None:
                 probe = _ids(messages_due_qs(now, bot_id=bot_id), "next_attempt_at", 1)
                 report["messages_probes"] += _redispatch(probe, now, probe=True)
             continue
-        rate = Bot.objects.filter(pk=bot_id).values_list("rate_limit", flat=True).first() or 30
-        allowance = circuits.ramp_allowance(circuit, cap=int(rate * tick), tick_seconds=tick)
+        rate = Bot.objects.filter(pk=bot_id).values_list("rate_limit", flat=True).first()
+        allowance = circuits.bot_ramp_allowance(circuit, rate=rate)
         limit = BATCH if allowance is None else min(BATCH, allowance)
         batch = _ids(messages_due_qs(now, bot_id=bot_id), "next_attempt_at", limit)
         report["messages_ramped"] += _redispatch(batch, now)
