@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import signal
 import socket
@@ -10,6 +12,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -150,3 +153,26 @@ def start_web(env: dict[str, str], *, name: str = "web") -> tuple[Process, str]:
 
     wait_until(up, timeout=30, message="gunicorn ready")
     return proc, url
+
+
+@dataclass(frozen=True)
+class QueuedTask:
+    name: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+
+
+def queued(queue: str | None = None) -> list[QueuedTask]:
+    """The tasks waiting in one of this run's broker queues (default: fresh traffic), oldest
+    first, read from Redis as kombu stores them."""
+    import redis
+    from django.conf import settings
+
+    name = f"{settings.DOVECOTE_REDIS_PREFIX}{queue or settings.CELERY_TASK_DEFAULT_QUEUE}"
+    tasks = []
+    # kombu LPUSHes and the worker BRPOPs: the list's tail is the oldest.
+    for raw in reversed(redis.Redis.from_url(settings.REDIS_URL).lrange(name, 0, -1)):
+        message = json.loads(raw)
+        args, kwargs, _ = json.loads(base64.b64decode(message["body"]))
+        tasks.append(QueuedTask(message["headers"]["task"], args, kwargs))
+    return tasks

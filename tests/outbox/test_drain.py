@@ -4,9 +4,7 @@ over HTTP, and real worker processes for the races and the wake-ups."""
 
 from __future__ import annotations
 
-import base64
 import itertools
-import json
 import time
 from datetime import timedelta
 
@@ -21,7 +19,7 @@ from outbox.models import Attempt, Circuit, CircuitState, DeadLetter, ErrorClass
 from reconciliation.sweeper import sweep
 from tests.outbox.helpers import enqueue
 from tests.outbox.test_delivery_rules import warm_up
-from tests.support import Process, start_worker, wait_until
+from tests.support import Process, queued, start_worker, wait_until
 
 
 @pytest.fixture
@@ -32,9 +30,7 @@ def no_limits(settings) -> None:
 
 def queued_tasks() -> list[str]:
     """Task names waiting in this run's default queue, as the broker holds them."""
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    raw = client.lrange(f"{settings.DOVECOTE_REDIS_PREFIX}{settings.CELERY_TASK_DEFAULT_QUEUE}", 0, -1)
-    return [json.loads(item)["headers"]["task"] for item in raw]
+    return [task.name for task in queued()]
 
 
 def texts_by_chat(sandbox, bot) -> dict[int, list[str]]:
@@ -178,12 +174,7 @@ def test_a_burst_of_messages_wakes_one_drain_not_one_task_per_message(bot) -> No
         enqueue(bot, chat_id=800 + i)
 
     assert queued_tasks() == ["outbox.drain_bot"]
-    body = json.loads(
-        redis.Redis.from_url(settings.REDIS_URL).lindex(
-            f"{settings.DOVECOTE_REDIS_PREFIX}{settings.CELERY_TASK_DEFAULT_QUEUE}", 0
-        )
-    )["body"]
-    assert json.loads(base64.b64decode(body))[0] == [bot.pk]
+    assert queued()[0].args == [bot.pk]
 
 
 @pytest.mark.django_db(transaction=True)

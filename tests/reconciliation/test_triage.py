@@ -3,8 +3,6 @@ requeues with the same key; edit-and-retry keeps history; bulk retry releases in
 
 from __future__ import annotations
 
-import base64
-import json
 from datetime import timedelta
 
 import pytest
@@ -17,6 +15,7 @@ from reconciliation import triage
 from reconciliation.models import AuditEntry, BulkRetry, BulkState, PayloadVersion
 from reconciliation.sweeper import sweep
 from tests.reconciliation.triage_helpers import failed_by_sandbox, failed_row, failed_run, message_of, persona, send_now
+from tests.support import queued
 
 
 @pytest.fixture
@@ -242,10 +241,8 @@ def test_the_sweeper_resumes_a_bulk_retry_whose_next_tick_was_lost(bot, alice, s
 
     assert sweep()["bulk_retries_resumed"] == 1
 
-    queued = [json.loads(raw) for raw in client.lrange(queue, 0, -1)]
-    [tick] = [m for m in queued if m["headers"]["task"] == "reconciliation.bulk_retry_tick"]
-    args, kwargs, _ = json.loads(base64.b64decode(tick["body"]))
-    assert (args, kwargs) == ([bulk.pk], {"released": 10})
+    [tick] = [t for t in queued(settings.CELERY_TASK_QUEUE_BULK) if t.name == "reconciliation.bulk_retry_tick"]
+    assert (tick.args, tick.kwargs) == ([bulk.pk], {"released": 10})
 
 
 def test_recover_since_takes_only_the_chosen_bot_reason_and_time(bot_factory, alice) -> None:
