@@ -245,18 +245,11 @@ def _drop_expired_and_vetoed(
     ready: list[OutboundMessage] = []
     for message in messages:
         current_trace_id.set(message.trace_id)
-        if message.expires_at and message.expires_at <= now:
-            reason = "expired: not sent before expires_at"
-            if transitions.cancel_claimed(message, worker=worker, reason=reason, error_class=ErrorClass.EXPIRED):
-                report.cancelled += 1
-            continue
-        veto = services._relevance_veto(message)
-        if veto:
-            reason = f"not relevant: {veto}"
-            if transitions.cancel_claimed(message, worker=worker, reason=reason, error_class="vetoed"):
-                report.cancelled += 1
-            continue
-        ready.append(message)
+        stop = services.cancel_reason(message, now=now)
+        if stop is None:
+            ready.append(message)
+        elif transitions.cancel_claimed(message, worker=worker, reason=stop[0], error_class=stop[1]):
+            report.cancelled += 1
     return ready
 
 

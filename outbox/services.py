@@ -215,6 +215,20 @@ def _relevance_veto(message: OutboundMessage) -> str:
     return check(message) or ""
 
 
+EXPIRED_REASON = "expired: not sent before expires_at"
+
+
+def cancel_reason(message: OutboundMessage, *, now: datetime) -> tuple[str, str] | None:
+    """Why a claimed message must be cancelled rather than sent: (reason, error class) when
+    it expired or the relevance check vetoes it, else None."""
+    if message.expires_at and message.expires_at <= now:
+        return EXPIRED_REASON, ErrorClass.EXPIRED
+    veto = _relevance_veto(message)
+    if veto:
+        return f"not relevant: {veto}", "vetoed"
+    return None
+
+
 def _circuit_scope(bot_id: int) -> str:
     return f"bot:{bot_id}"
 
@@ -239,7 +253,7 @@ def outbound_message_send(message_id: int, *, slot_reserved: bool = False) -> Se
         # Not this call's turn: a slot reserved for it stays reserved.
         return SendResult("not-due", (message.next_attempt_at - now).total_seconds(), slot_reserved=slot_reserved)
     if message.expires_at and message.expires_at <= now:
-        if transitions.cancel(message.pk, reason="expired: not sent before expires_at", error_class=ErrorClass.EXPIRED):
+        if transitions.cancel(message.pk, reason=EXPIRED_REASON, error_class=ErrorClass.EXPIRED):
             _kick_chat(message)
         return SendResult("expired")
     if message.circuit_not_closed and not circuits.try_probe(_circuit_scope(message.bot_id)):
@@ -275,9 +289,9 @@ def outbound_message_send(message_id: int, *, slot_reserved: bool = False) -> Se
         failpoint("after_claim")
         message.state, message.lease_owner = State.SENDING, worker
 
-    veto = _relevance_veto(message)
-    if veto:
-        transitions.cancel_claimed(message, worker=worker, reason=f"not relevant: {veto}", error_class="vetoed")
+    stop = cancel_reason(message, now=now)  # expiry was checked before the claim: a veto
+    if stop:
+        transitions.cancel_claimed(message, worker=worker, reason=stop[0], error_class=stop[1])
         _kick_chat(message)
         return SendResult("vetoed")
 
