@@ -30,9 +30,23 @@ from outbox.models import Circuit, CircuitState
 logger = logging.getLogger(__name__)
 
 FAILURES_TO_OPEN = 10
+# Defaults of DOVECOTE_CIRCUIT_FIRST_PROBE_SECONDS, _MAX_PROBE_SECONDS, _PROBE_LEASE_SECONDS
+# (settings, so that the fault-schedule tests can recover within seconds).
 FIRST_PROBE_SECONDS = 30.0
 MAX_PROBE_SECONDS = 600.0
 PROBE_LEASE_SECONDS = 60.0
+
+
+def _first_probe() -> float:
+    return float(getattr(settings, "DOVECOTE_CIRCUIT_FIRST_PROBE_SECONDS", FIRST_PROBE_SECONDS))
+
+
+def _max_probe() -> float:
+    return float(getattr(settings, "DOVECOTE_CIRCUIT_MAX_PROBE_SECONDS", MAX_PROBE_SECONDS))
+
+
+def _probe_lease() -> float:
+    return float(getattr(settings, "DOVECOTE_CIRCUIT_PROBE_LEASE_SECONDS", PROBE_LEASE_SECONDS))
 # After a circuit closes, the sweeper releases this many of its backlog in the first tick
 # and doubles it each tick, until the bot's rate limit caps it.
 RAMP_FIRST_BATCH = 10
@@ -63,7 +77,7 @@ def try_probe(scope: str) -> bool:
         scope=scope, state__in=_NOT_CLOSED, manual=False, next_probe_at__isnull=False, next_probe_at__lte=now
     ).update(
         state=CircuitState.HALF_OPEN,
-        next_probe_at=now + timedelta(seconds=PROBE_LEASE_SECONDS),
+        next_probe_at=now + timedelta(seconds=_probe_lease()),
         updated_at=now,
     )
     if n == 1:
@@ -76,23 +90,23 @@ def _open(scope: str, *, reason: str) -> float:
     now = timezone.now()
     circuit, _ = Circuit.objects.get_or_create(scope=scope)
     if circuit.manual and circuit.state == CircuitState.OPEN:
-        return MAX_PROBE_SECONDS
+        return _max_probe()
     # closed -> open: the one alert for this outage, logged by whoever wins the UPDATE.
     n = Circuit.objects.filter(pk=circuit.pk, state=CircuitState.CLOSED, manual=False).update(
         state=CircuitState.OPEN,
         reason=reason[:2000],
         opened_at=now,
-        next_probe_at=now + timedelta(seconds=FIRST_PROBE_SECONDS),
+        next_probe_at=now + timedelta(seconds=_first_probe()),
         updated_at=now,
     )
     if n == 1:
         logger.error("circuit %s opened: %s", scope, reason, extra={"alert": "circuit_open", "scope": scope})
-        return FIRST_PROBE_SECONDS
+        return _first_probe()
     # Already open or probing: a failed probe doubles the wait; other late failures of
     # the same outage leave the schedule alone.
     circuit.refresh_from_db()
     if circuit.state == CircuitState.HALF_OPEN and circuit.opened_at:
-        delay = min(MAX_PROBE_SECONDS, max(FIRST_PROBE_SECONDS, 2 * (now - circuit.opened_at).total_seconds()))
+        delay = min(_max_probe(), max(_first_probe(), 2 * (now - circuit.opened_at).total_seconds()))
         Circuit.objects.filter(pk=circuit.pk, state=CircuitState.HALF_OPEN, manual=False).update(
             state=CircuitState.OPEN,
             reason=reason[:2000],
@@ -103,7 +117,7 @@ def _open(scope: str, *, reason: str) -> float:
         return delay
     if circuit.next_probe_at:
         return max(0.0, (circuit.next_probe_at - now).total_seconds())
-    return MAX_PROBE_SECONDS
+    return _max_probe()
 
 
 def open_for_auth(scope: str, *, reason: str) -> float:

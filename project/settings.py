@@ -221,6 +221,11 @@ DOVECOTE_SWEEP_INTERVAL_SECONDS = env.int("DOVECOTE_SWEEP_INTERVAL_SECONDS", def
 DOVECOTE_AMBIGUOUS_RESEND_DELAY_SECONDS = env.float("DOVECOTE_AMBIGUOUS_RESEND_DELAY_SECONDS", default=60.0)
 # A row due this long ago and not claimed is taken to have lost its broker message.
 DOVECOTE_REDISPATCH_GRACE_SECONDS = env.float("DOVECOTE_REDISPATCH_GRACE_SECONDS", default=30.0)
+# A bot's circuit: first probe after it opens, the longest wait between failed probes, and
+# how long a probe holds the circuit before another may be sent (its worker may have died).
+DOVECOTE_CIRCUIT_FIRST_PROBE_SECONDS = env.float("DOVECOTE_CIRCUIT_FIRST_PROBE_SECONDS", default=30.0)
+DOVECOTE_CIRCUIT_MAX_PROBE_SECONDS = env.float("DOVECOTE_CIRCUIT_MAX_PROBE_SECONDS", default=600.0)
+DOVECOTE_CIRCUIT_PROBE_LEASE_SECONDS = env.float("DOVECOTE_CIRCUIT_PROBE_LEASE_SECONDS", default=60.0)
 # Payload purge and ledger pruning run at most this often (they scan history).
 DOVECOTE_RETENTION_INTERVAL_SECONDS = env.int("DOVECOTE_RETENTION_INTERVAL_SECONDS", default=3600)
 

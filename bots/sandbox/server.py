@@ -1451,7 +1451,11 @@ class SandboxServer:
             self.port = self._httpd.server_address[1]
 
     def start(self) -> SandboxServer:
-        """Serve in a background daemon thread; returns once the socket is listening."""
+        """Serve in a background daemon thread; returns once the socket is listening.
+
+        After `stop()` it listens again on the same port with the same state (recorded calls,
+        messages, faults), so a test can refuse connections for a while and then come back."""
+        self.state.stopping = False
         self.bind()
         assert self._httpd is not None
         self._thread = threading.Thread(
@@ -1473,6 +1477,8 @@ class SandboxServer:
             self._close()
 
     def stop(self) -> None:
+        """Stop listening and cut open connections (requests in flight get no answer);
+        the state is kept for a later `start()`."""
         httpd = self._httpd
         if httpd is None:
             return

@@ -511,6 +511,24 @@ def test_reset_and_wait_for_calls(server: SandboxServer, sandbox: SandboxClient)
     assert run_bot(server, lambda bot: _flood(bot, [1, 2])) == [None, None]  # limit gone
 
 
+def test_a_stopped_sandbox_refuses_connections_and_restarts_on_its_port_with_its_calls() -> None:
+    srv = SandboxServer(port=0).start()
+    try:
+        url = f"{srv.bot_api_url}{TOKEN}/sendMessage"
+        assert httpx.post(url, json={"chat_id": 5, "text": "before"}).status_code == 200
+        port = srv.port
+        srv.stop()
+        with pytest.raises(httpx.ConnectError):
+            httpx.post(url, json={"chat_id": 5, "text": "while down"}, timeout=1)
+        srv.start()
+        assert srv.port == port
+        assert httpx.post(url, json={"chat_id": 5, "text": "after"}).status_code == 200
+        with SandboxClient(srv.base_url) as client:
+            assert client.sent_texts(token=TOKEN) == ["before", "after"]
+    finally:
+        srv.stop()
+
+
 # ------------------------------------------------------------------ process & speed
 def test_module_entry_point_starts_and_stops_on_sigterm() -> None:
     proc = subprocess.Popen(
