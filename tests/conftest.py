@@ -141,3 +141,13 @@ def _drop_databases_of_dead_runs(django_db_blocker) -> None:
                 conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
             except PermissionError:
                 pass  # alive, someone else's
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--seed",
+        action="append",
+        type=int,
+        default=[],
+        help="run tests/e2e/test_fault_schedules.py with this seed (repeatable) instead of its fixed seeds",
+    )

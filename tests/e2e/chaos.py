@@ -1,0 +1,608 @@
+"""Seeded fault schedules against real processes (tests/e2e/test_fault_schedules.py).
+
+A `Schedule` is drawn from `random.Random(seed)`: chats and their messages (some scheduled
+ahead, some expiring, some cancelled, some `on_ambiguous=resend`), and interleaved fault
+windows: 5xx outages, 429 bursts, answers slower than the read timeout, answers dropped
+after delivery, connections dropped before processing, the sandbox's listener stopped
+(connection refused), one worker SIGKILL and one Redis restart. `run()` plays it against a
+Celery worker, a celery-beat running the sweeper every second, a private redis-server and
+a Bot API sandbox of its own; `check()` states the promise as invariants over the rows and
+what the sandbox received. Every message text carries markers (`<m12:000>`), so what the
+sandbox received maps back to the message (and, for a text split in parts, to its part).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import redis
+from django.db import close_old_connections
+from django.db.models import Q
+from django.test import override_settings
+from django.utils import timezone
+
+from bots.sandbox.server import SandboxServer
+from outbox import publishing, ratelimit
+from outbox.models import Attempt, Circuit, CircuitState, DeadLetter, OnAmbiguous, OutboundMessage, State
+from outbox.services import outbound_message_cancel, outbound_message_enqueue
+from reconciliation.models import CaseStatus, ReconciliationCase
+from tests.support import Process, free_port, start_worker, wait_until
+
+# Texts over Telegram's 4,096 characters (split in parts by the outbox). Off until the
+# outbox accepts them: today `outbound_message_enqueue` refuses a long text.
+LONG_TEXTS = False
+
+READ_TIMEOUT = 2.0  # DOVECOTE_TELEGRAM_READ_TIMEOUT of the worker: "slow" answers take longer
+# The worker's and beat's settings: every wait of the recovery path is seconds, not minutes.
+FAST_RECOVERY_ENV = {
+    "DOVECOTE_TELEGRAM_READ_TIMEOUT": str(READ_TIMEOUT),
+    "DOVECOTE_TELEGRAM_CONNECT_TIMEOUT": "1",
+    "DOVECOTE_SEND_LEASE_SECONDS": "10",
+    "DOVECOTE_RETRY_BASE_SECONDS": "0.5",
+    "DOVECOTE_RETRY_MAX_SECONDS": "2",
+    "DOVECOTE_REDISPATCH_GRACE_SECONDS": "2",
+    "DOVECOTE_AMBIGUOUS_RESEND_DELAY_SECONDS": "2",
+    "DOVECOTE_SWEEP_INTERVAL_SECONDS": "1",
+    "DOVECOTE_CIRCUIT_FIRST_PROBE_SECONDS": "2",
+    "DOVECOTE_CIRCUIT_MAX_PROBE_SECONDS": "4",
+    "DOVECOTE_CIRCUIT_PROBE_LEASE_SECONDS": "10",
+    "LOG_LEVEL": "INFO",
+}
+SETTLE_SECONDS = 75.0  # after the last fault: how long the system may take to come to rest
+
+MARKER = re.compile(r"<m(\d+):(\d{3})>")
+SANDBOX_FAULTS = ("5xx", "429", "slow", "drop_after_deliver", "drop_before")
+# Faults after which a request's outcome is unknown to the sender (each call they hit counts).
+AMBIGUOUS_FAULTS = frozenset({"slow", "drop_after_deliver", "drop_before"})
+
+
+# ----------------------------------------------------------------------------- schedule
+@dataclass(frozen=True)
+class PlannedMessage:
+    n: int  # enqueue order, over the whole schedule
+    bot: int  # index into the run's bots
+    chat_id: int
+    at: float  # seconds after the start
+    parts: int  # markers in the text (more than one only for long texts)
+    send_in: float | None = None  # send_at this long after enqueue
+    expires_in: float | None = None
+    cancel_after: float | None = None  # outbound_message_cancel this long after enqueue
+    resend: bool = False  # on_ambiguous=resend
+
+    @property
+    def key(self) -> str:
+        return f"chaos-{self.n}"
+
+    def text(self) -> str:
+        if self.parts == 1:
+            return f"<m{self.n}:000> message {self.n} to chat {self.chat_id}"
+        # Each ~1,000-character block carries its own marker, so every part of a split text
+        # still says which message (and which part) it is.
+        block = 1000
+        return "".join(f"<m{self.n}:{i:03d}> ".ljust(block, ".") for i in range(self.parts))
+
+
+@dataclass(frozen=True)
+class FaultWindow:
+    kind: str  # a sandbox fault kind, or "refuse", "kill_worker", "restart_redis"
+    at: float
+    seconds: float
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        extra = " ".join(f"{k}={v}" for k, v in sorted(self.params.items()))
+        return f"{self.at:5.1f}s +{self.seconds:.1f}s {self.kind} {extra}".rstrip()
+
+
+@dataclass(frozen=True)
+class Schedule:
+    seed: int
+    bots: int
+    messages: list[PlannedMessage]
+    faults: list[FaultWindow]
+
+    @property
+    def faults_end(self) -> float:
+        return max([f.at + f.seconds for f in self.faults] + [m.at for m in self.messages])
+
+    def describe(self) -> str:
+        chats = {(m.bot, m.chat_id) for m in self.messages}
+        lines = [
+            f"seed {self.seed}: {len(self.messages)} messages to {len(chats)} chats of {self.bots} bot(s);"
+            f" {sum(m.send_in is not None for m in self.messages)} with send_at,"
+            f" {sum(m.expires_in is not None for m in self.messages)} expiring,"
+            f" {sum(m.cancel_after is not None for m in self.messages)} cancelled,"
+            f" {sum(m.resend for m in self.messages)} on_ambiguous=resend,"
+            f" {sum(m.parts > 1 for m in self.messages)} long",
+            "faults:",
+            *(f"  {f.describe()}" for f in sorted(self.faults, key=lambda f: f.at)),
+        ]
+        return "\n".join(lines)
+
+
+def make_schedule(seed: int, *, long_texts: bool = LONG_TEXTS) -> Schedule:
+    rng = random.Random(seed)
+    bots = rng.choice([1, 1, 2])
+    messages: list[PlannedMessage] = []
+    plans = []
+    for c in range(rng.randint(20, 50)):
+        group = rng.random() < 0.2
+        chat_id = -(1_000_000 + c) if group else 500_000 + c
+        bot = rng.randrange(bots)
+        for _ in range(rng.randint(1, 6)):
+            plans.append((round(rng.uniform(0.0, 6.0), 2), bot, chat_id))
+    plans.sort()
+    for n, (at, bot, chat_id) in enumerate(plans, start=1):
+        roll = rng.random()
+        messages.append(
+            PlannedMessage(
+                n=n,
+                bot=bot,
+                chat_id=chat_id,
+                at=at,
+                parts=rng.randint(5, 9) if long_texts and rng.random() < 0.05 else 1,
+                send_in=round(rng.uniform(1.0, 5.0), 1) if roll < 0.12 else None,
+                expires_in=round(rng.uniform(3.0, 10.0), 1) if 0.12 <= roll < 0.2 else None,
+                cancel_after=round(rng.uniform(0.0, 1.5), 2) if 0.2 <= roll < 0.3 else None,
+                resend=rng.random() < 0.1,
+            )
+        )
+    faults: list[FaultWindow] = []
+    for _ in range(rng.randint(3, 6)):
+        kind = rng.choice((*SANDBOX_FAULTS, "5xx"))
+        at = round(rng.uniform(0.5, 9.0), 1)
+        if kind == "5xx":
+            params = {"status": rng.choice([500, 502, 503, 504])}
+            faults.append(FaultWindow(kind, at, round(rng.uniform(3.0, 8.0), 1), params))
+        elif kind == "429":
+            faults.append(FaultWindow(kind, at, round(rng.uniform(1.0, 4.0), 1), {"retry_after": rng.randint(1, 3)}))
+        elif kind == "slow":
+            delay = round(rng.uniform(READ_TIMEOUT + 0.5, READ_TIMEOUT + 2.0), 1)
+            params = {"delay": delay, "count": rng.randint(1, 4)}
+            faults.append(FaultWindow(kind, at, round(rng.uniform(2.0, 5.0), 1), params))
+        else:
+            faults.append(FaultWindow(kind, at, round(rng.uniform(1.0, 4.0), 1), {"count": rng.randint(1, 3)}))
+    faults.append(FaultWindow("refuse", round(rng.uniform(1.0, 9.0), 1), round(rng.uniform(1.5, 4.0), 1)))
+    faults.append(FaultWindow("kill_worker", round(rng.uniform(1.0, 9.0), 1), round(rng.uniform(1.0, 2.0), 1)))
+    faults.append(FaultWindow("restart_redis", round(rng.uniform(1.0, 9.0), 1), round(rng.uniform(1.0, 3.0), 1)))
+    return Schedule(seed=seed, bots=bots, messages=messages, faults=faults)
+
+
+# ------------------------------------------------------------------------- processes
+class PrivateRedis:
+    """A redis-server of the test's own on a free port (never the shared one), without
+    persistence: a restart loses every queue and key, as a crashed Redis without AOF does."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: Process | None = None
+
+    def start(self) -> None:
+        args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        self.proc = Process("redis", args, dict(os.environ))
+        client = redis.Redis.from_url(self.url, socket_connect_timeout=0.5)
+
+        def up() -> bool:
+            try:
+                return bool(client.ping())
+            except redis.RedisError:
+                return False
+
+        wait_until(up, timeout=10, message=f"redis-server on port {self.port}")
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.stop()
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.stop()
+
+
+def _reset_broker_pool() -> None:
+    from project.celery import app
+
+    if app._pool is not None:
+        app._pool.force_close_all()
+    app._pool = None
+    if "amqp" in app.__dict__:
+        app.__dict__["amqp"]._producer_pool = None
+
+
+def _forget_redis_clients() -> None:
+    ratelimit._storage.cache_clear()
+    ratelimit._limiter.cache_clear()
+    ratelimit.redis_client.cache_clear()
+    ratelimit._reserve_script.cache_clear()
+    ratelimit._reserve_many_script.cache_clear()
+    ratelimit._local_pauses.clear()
+    publishing.reset()
+
+
+@contextmanager
+def broker_at(url: str) -> Iterator[None]:
+    """This (the test's) process publishes tasks and keeps limiter keys in the Redis at
+    `url`, as the worker and beat it started do."""
+    from project.celery import app
+
+    previous = app.conf.broker_url
+    with override_settings(REDIS_URL=url, CELERY_BROKER_URL=url):
+        _reset_broker_pool()
+        _forget_redis_clients()
+        app.conf.broker_url = url
+        try:
+            yield
+        finally:
+            app.conf.broker_url = previous
+            _reset_broker_pool()
+            _forget_redis_clients()
+
+
+def start_beat(env: dict[str, str], processes: list[Process]) -> Process:
+    """celery-beat with the sweeper scheduled by the migration, ticking every second."""
+    import importlib
+
+    from django.apps import apps as django_apps
+    from django_celery_beat.models import IntervalSchedule, PeriodicTask
+
+    # Transactional tests flush the tables: apply the data migration's step again.
+    importlib.import_module("reconciliation.migrations.0002_sweeper_schedule").schedule(django_apps, None)
+    task = PeriodicTask.objects.get(task="reconciliation.sweep")
+    task.interval = IntervalSchedule.objects.create(every=1, period=IntervalSchedule.SECONDS)
+    task.expire_seconds = 3  # a tick that waited behind busy workers is superseded by the next
+    task.save()
+    from tests.support import VENV_BIN
+
+    args = [str(VENV_BIN / "celery"), "-A", "project", "beat", "-l", "info", "--scheduler"]
+    beat = Process("beat", [*args, "django_celery_beat.schedulers:DatabaseScheduler"], env)
+    processes.append(beat)
+    return beat
+
+
+# ------------------------------------------------------------------------------ run
+@dataclass
+class Run:
+    """What happened while a schedule was played: the facts the invariants are checked on."""
+
+    schedule: Schedule
+    bot_ids: list[int] = field(default_factory=list)
+    tokens: list[str] = field(default_factory=list)
+    ids: dict[int, int] = field(default_factory=dict)  # planned n -> message id
+    enqueued_at: dict[int, float] = field(default_factory=dict)  # n -> time.time()
+    cancelled: set[int] = field(default_factory=set)  # n whose cancel succeeded
+    fault_ids: dict[int, str] = field(default_factory=dict)  # sandbox fault id -> kind
+    # Kill and refuse faults: (kind, just before, just after) the blow, in wall-clock time.
+    blows: list[tuple[str, datetime, datetime]] = field(default_factory=list)
+    events: list[str] = field(default_factory=list)
+    workers: list[Process] = field(default_factory=list)
+    beat: Process | None = None
+    settled_in: float | None = None
+    errors: list[str] = field(default_factory=list)
+
+    def note(self, t0: float, text: str) -> None:
+        self.events.append(f"{time.monotonic() - t0:6.2f}s {text}")
+
+
+def play(
+    schedule: Schedule,
+    *,
+    run: Run,
+    sandbox: SandboxServer,
+    private_redis: PrivateRedis,
+    env: dict[str, str],
+    processes: list[Process],
+) -> None:
+    """Play the schedule: enqueues, cancels and fault windows at their times, from this
+    thread (worker restarts in a helper thread, as they take seconds)."""
+    events: list[tuple[float, int, str, Any]] = []
+    for m in schedule.messages:
+        events.append((m.at, 1, "enqueue", m))
+        if m.cancel_after is not None:
+            events.append((m.at + m.cancel_after, 2, "cancel", m))
+    for f in schedule.faults:
+        events.append((f.at, 0, "start", f))
+        if f.kind in ("refuse", "kill_worker", "restart_redis"):
+            events.append((f.at + f.seconds, 0, "end", f))
+    events.sort(key=lambda e: (e[0], e[1]))
+    t0 = time.monotonic()
+    restarts: list[threading.Thread] = []
+
+    def restart_worker(name: str) -> None:
+        try:
+            proc = start_worker(env, concurrency=3, name=name)
+        except AssertionError as exc:
+            run.errors.append(f"worker restart failed: {exc}")
+            return
+        processes.append(proc)
+        run.workers.append(proc)
+        run.note(t0, f"{name} ready")
+
+    for at, _, what, item in events:
+        time.sleep(max(0.0, at - (time.monotonic() - t0)))
+        if what == "enqueue":
+            m: PlannedMessage = item
+            now = timezone.now()
+            message, _ = outbound_message_enqueue(
+                bot_id=run.bot_ids[m.bot],
+                chat_id=m.chat_id,
+                payload={"text": m.text()},
+                idempotency_key=m.key,
+                send_at=now + timedelta(seconds=m.send_in) if m.send_in else None,
+                expires_at=now + timedelta(seconds=m.expires_in) if m.expires_in else None,
+                on_ambiguous=OnAmbiguous.RESEND if m.resend else OnAmbiguous.HOLD,
+            )
+            run.ids[m.n] = message.pk
+            run.enqueued_at[m.n] = time.time()
+        elif what == "cancel":
+            if outbound_message_cancel(run.ids[item.n], reason="chaos: cancelled by the schedule"):
+                run.cancelled.add(item.n)
+                run.note(t0, f"cancelled m{item.n}")
+        elif what == "start":
+            f: FaultWindow = item
+            if f.kind in SANDBOX_FAULTS:
+                spec = {"kind": f.kind, "seconds": f.seconds, **f.params}
+                fault = sandbox.state.add_fault(spec)
+                run.fault_ids[fault.id] = f.kind
+            elif f.kind == "refuse":
+                before = timezone.now()
+                sandbox.stop()
+                run.blows.append(("refuse", before, timezone.now()))
+            elif f.kind == "kill_worker":
+                before = timezone.now()
+                for proc in run.workers:
+                    proc.kill()
+                run.blows.append(("kill_worker", before, timezone.now()))
+            elif f.kind == "restart_redis":
+                private_redis.kill()
+            run.note(t0, f"start {f.describe()}")
+        elif what == "end":
+            f = item
+            if f.kind == "refuse":
+                sandbox.start()
+            elif f.kind == "kill_worker":
+                thread = threading.Thread(target=restart_worker, args=(f"worker-{len(run.workers) + 1}",))
+                thread.start()
+                restarts.append(thread)
+            elif f.kind == "restart_redis":
+                private_redis.start()
+            run.note(t0, f"end {f.kind}")
+    time.sleep(max(0.0, schedule.faults_end - (time.monotonic() - t0)))
+    for thread in restarts:
+        thread.join(60)
+    run.note(t0, "faults over")
+
+
+OPEN_STATES = (State.PENDING, State.RETRY, State.SENDING)
+
+
+def _resendable_unknown(bot_ids: list[int]) -> int:
+    from django.db.models import F
+
+    return OutboundMessage.objects.filter(
+        bot_id__in=bot_ids, state=State.UNKNOWN, on_ambiguous=OnAmbiguous.RESEND, attempts__lt=F("max_attempts")
+    ).count()
+
+
+def settle(run: Run, *, timeout: float = SETTLE_SECONDS) -> None:
+    """Wait (bounded) until nothing is waiting, retrying or sending, nothing is due to be
+    resent, and no bot's circuit is open: then twice more, a second apart."""
+    start = time.monotonic()
+    quiet = 0
+    while time.monotonic() - start < timeout:
+        close_old_connections()
+        busy = OutboundMessage.objects.filter(bot_id__in=run.bot_ids, state__in=OPEN_STATES).count()
+        circuits = Circuit.objects.filter(
+            scope__in=[f"bot:{pk}" for pk in run.bot_ids], state__in=[CircuitState.OPEN, CircuitState.HALF_OPEN]
+        ).count()
+        quiet = quiet + 1 if busy == 0 and circuits == 0 and _resendable_unknown(run.bot_ids) == 0 else 0
+        if quiet >= 3:
+            run.settled_in = time.monotonic() - start
+            return
+        time.sleep(1.0)
+
+
+# ------------------------------------------------------------------------ invariants
+@dataclass
+class Delivery:
+    call_id: int
+    at: float
+    chat_id: int | None
+    n: int
+    part: int
+
+
+def deliveries(sandbox: SandboxServer, tokens: list[str]) -> list[Delivery]:
+    """Every message part the sandbox delivered (its calls with delivered=True), in arrival order."""
+    found = []
+    for call in sandbox.state.list_calls(method="sendMessage", delivered=True):
+        if call["token"] not in tokens:
+            continue
+        for n, part in MARKER.findall(str(call["params"].get("text", ""))):
+            found.append(Delivery(call["id"], call["at"], call["chat_id"], int(n), int(part)))
+    found.sort(key=lambda d: d.call_id)
+    return found
+
+
+def check(run: Run, sandbox: SandboxServer) -> list[str]:
+    """The promise, as invariants; returns the violations (empty when it held)."""
+    close_old_connections()
+    schedule = run.schedule
+    planned = {m.n: m for m in schedule.messages}
+    by_id = {v: k for k, v in run.ids.items()}
+    rows = {by_id[r.pk]: r for r in OutboundMessage.objects.filter(pk__in=list(by_id))}
+    letters = set(DeadLetter.objects.filter(message_id__in=list(by_id)).values_list("message_id", flat=True))
+    cases = ReconciliationCase.objects.filter(message_id__in=list(by_id))
+    open_cases = set(cases.filter(status=CaseStatus.OPEN).values_list("message_id", flat=True))
+    went_unknown = set(cases.values_list("message_id", flat=True))
+    got = deliveries(sandbox, run.tokens)
+    parts: dict[int, Counter[int]] = defaultdict(Counter)
+    for d in got:
+        parts[d.n][d.part] += 1
+    problems: list[str] = []
+
+    for n, m in sorted(planned.items()):
+        row = rows.get(n)
+        if row is None:
+            problems.append(f"m{n}: not in the outbox (enqueue lost?)")
+            continue
+        received = parts.get(n, Counter())
+        whole = all(received[i] >= 1 for i in range(m.parts))
+        twice = any(c > 1 for c in received.values())
+        label = f"m{n} (id {row.pk}, chat {m.chat_id})"
+        if row.state == State.SENT:
+            if not whole:
+                problems.append(f"{label}: sent, but the sandbox has not received it (parts {dict(received)})")
+        elif row.state == State.FAILED:
+            if row.pk not in letters:
+                problems.append(f"{label}: failed without a dead letter")
+        elif row.state == State.UNKNOWN:
+            if row.pk not in open_cases:
+                problems.append(f"{label}: unknown without an open reconciliation case")
+        elif row.state == State.CANCELLED:
+            expired = m.expires_in is not None and row.last_error_class == "expired"
+            if n not in run.cancelled and not expired:
+                problems.append(f"{label}: cancelled, but the schedule neither cancelled it nor let it expire")
+            if received:
+                problems.append(f"{label}: cancelled, yet the sandbox received it")
+        else:
+            problems.append(f"{label}: stuck in {row.state} (attempts {row.attempts}, last error {row.last_error!r})")
+        if n in run.cancelled and row.state != State.CANCELLED:
+            problems.append(f"{label}: the schedule's cancel succeeded, but it ended {row.state}")
+        if twice and not (m.resend and row.pk in went_unknown):
+            problems.append(f"{label}: delivered more than once {dict(received)} (on_ambiguous={row.on_ambiguous})")
+        if received and row.state == State.FAILED:
+            problems.append(f"{label}: failed, yet the sandbox received it (a dead letter for a delivered message)")
+
+    # Order within each chat: by first delivery, messages arrive in enqueue order; a message
+    # may be overtaken only while its send_at is still ahead, or after it went unknown.
+    first: dict[int, Delivery] = {}
+    for d in got:
+        first.setdefault(d.n, d)
+    chats: dict[tuple[int, int], list[Delivery]] = defaultdict(list)
+    for n, d in first.items():
+        if n in planned:
+            chats[(planned[n].bot, planned[n].chat_id)].append(d)
+    for (bot, chat_id), firsts in chats.items():
+        firsts.sort(key=lambda d: d.call_id)
+        for i, later in enumerate(firsts):
+            for earlier in firsts[i + 1 :]:
+                if earlier.n > later.n:
+                    continue
+                a = planned[earlier.n]  # enqueued first, delivered after `later`
+                row = rows.get(a.n)
+                scheduled_ahead = a.send_in is not None and run.enqueued_at[a.n] + a.send_in > later.at - 1.0
+                if scheduled_ahead or (row is not None and row.pk in went_unknown):
+                    continue
+                problems.append(
+                    f"chat {chat_id} (bot {bot}): m{later.n} arrived before m{a.n}, which was enqueued first"
+                )
+    # Parts of one message arrive in order.
+    for n, _ in parts.items():
+        seq = [d.part for d in got if d.n == n]
+        if seq != sorted(seq) and not planned[n].resend:
+            problems.append(f"m{n}: parts arrived out of order {seq}")
+
+    # Unknown outcomes only where a fault made one possible.
+    ambiguous_calls = sum(
+        1
+        for call in sandbox.state.list_calls(method="sendMessage")
+        if call["token"] in run.tokens and run.fault_ids.get(call.get("fault", -1)) in AMBIGUOUS_FAULTS
+    )
+    # A request in flight when the worker died or the listener went away: its attempt began
+    # before the blow and had not finished when it struck.
+    attempts = Attempt.objects.filter(message_id__in=list(by_id))
+    slack = timedelta(seconds=0.25)
+    in_flight = sum(
+        attempts.filter(started_at__lte=after + slack)
+        .filter(Q(finished_at__isnull=True) | Q(finished_at__gte=before - slack))
+        .count()
+        for _, before, after in run.blows
+    )
+    bound = ambiguous_calls + in_flight
+    unknown_attempts = attempts.filter(outcome="ambiguous").count() + attempts.filter(finished_at__isnull=True).count()
+    if unknown_attempts > bound:
+        problems.append(
+            f"{unknown_attempts} attempts ended unknown, more than the {bound} sends a fault could have"
+            f" cut ({ambiguous_calls} calls hit by slow/drop faults, {in_flight} in flight at kill/refuse)"
+        )
+
+    for circuit in Circuit.objects.filter(scope__in=[f"bot:{pk}" for pk in run.bot_ids]):
+        if circuit.state != CircuitState.CLOSED:
+            problems.append(f"circuit {circuit.scope} left {circuit.state} (reason {circuit.reason!r})")
+    if run.settled_in is None:
+        problems.append(f"did not come to rest within {SETTLE_SECONDS:.0f}s after the faults ended")
+    problems.extend(run.errors)
+    return problems
+
+
+def summary(run: Run, sandbox: SandboxServer) -> str:
+    """One line about a run, held or not: final states, deliveries, circuits, settle time."""
+    close_old_connections()
+    states = Counter(OutboundMessage.objects.filter(pk__in=list(run.ids.values())).values_list("state", flat=True))
+    opened = Circuit.objects.filter(scope__in=[f"bot:{pk}" for pk in run.bot_ids], opened_at__isnull=False).count()
+    settled = "never" if run.settled_in is None else f"{run.settled_in:.1f}s"
+    return (
+        f"seed {run.schedule.seed}: {dict(sorted(states.items()))}; {len(deliveries(sandbox, run.tokens))} deliveries;"
+        f" {len(run.cancelled)} cancels took; circuits opened: {opened}; settled in {settled}"
+    )
+
+
+def report(run: Run, sandbox: SandboxServer, problems: list[str]) -> str:
+    """A failure report: the seed and how to replay it, the schedule, the violations, the
+    rows involved with their attempts, and the workers' log lines about them."""
+    schedule = run.schedule
+    lines = [
+        f"FAULT SCHEDULE SEED {schedule.seed} BROKE THE PROMISE",
+        f'replay: make test PYTEST_ARGS="tests/e2e/test_fault_schedules.py --seed {schedule.seed}"'
+        f"  (or DOVECOTE_FAULT_SEED={schedule.seed})",
+        schedule.describe(),
+        summary(run, sandbox),
+        "violations:",
+        *(f"  - {p}" for p in problems),
+        "timeline:",
+        *(f"  {e}" for e in run.events),
+    ]
+    named = sorted({int(x) for p in problems for x in re.findall(r"\bm(\d+)\b", p)})[:12]
+    ids = {run.ids[n]: n for n in named if n in run.ids}
+    for row in OutboundMessage.objects.filter(pk__in=list(ids)).order_by("pk"):
+        lines.append(
+            f"m{ids[row.pk]} id={row.pk} chat={row.chat_id} state={row.state} attempts={row.attempts}"
+            f" on_ambiguous={row.on_ambiguous} send_at={_t(row.send_at)} expires_at={_t(row.expires_at)}"
+            f" next_attempt_at={_t(row.next_attempt_at)} last_error_class={row.last_error_class}"
+            f" last_error={row.last_error[:120]!r} cancel_reason={row.cancel_reason!r}"
+        )
+        for a in row.attempt_set.order_by("number"):
+            lines.append(
+                f"    attempt {a.number} {_t(a.started_at)}..{_t(a.finished_at)} {a.outcome or 'open'}"
+                f" {a.http_status} {a.description[:100]!r} by {a.worker}"
+            )
+        calls = [c for c in sandbox.state.list_calls(method="sendMessage") if f"<m{ids[row.pk]}:" in str(c["params"])]
+        for c in calls:
+            lines.append(
+                f"    sandbox call {c['id']} at {c['at']:.2f} status={c['status']} delivered={c['delivered']}"
+                f" fault={run.fault_ids.get(c.get('fault', -1))}"
+            )
+    for proc in [*run.workers, *([run.beat] if run.beat else [])]:
+        log = proc.log().splitlines()
+        mentions = [ln for ln in log if any(f"message {pk}" in ln or f"[{pk}]" in ln for pk in ids)]
+        lines.append(f"--- {proc.name} ({proc.log_path}): {len(log)} lines; about these messages:")
+        lines.extend(f"    {ln[:300]}" for ln in mentions[-20:])
+        errors = [ln for ln in log if "ERROR" in ln or "Traceback" in ln or "CRITICAL" in ln]
+        lines.extend(f"    {ln[:300]}" for ln in errors[-10:])
+    return "\n".join(lines)
+
+
+def _t(value: datetime | None) -> str:
+    return value.strftime("%H:%M:%S.%f")[:-3] if value else "-"
