@@ -25,12 +25,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+import httpx
 import redis
 from django.db import close_old_connections
 from django.db.models import Q
 from django.test import override_settings
 from django.utils import timezone
 
+from bots.models import ConsumerRun, InboundUpdate, RunState, UpdateState
 from bots.sandbox.server import SandboxServer
 from outbox import publishing, ratelimit
 from outbox.models import Attempt, Circuit, CircuitState, DeadLetter, OnAmbiguous, OutboundMessage, State
@@ -78,12 +80,15 @@ class PlannedMessage:
     expires_in: float | None = None
     cancel_after: float | None = None  # outbound_message_cancel this long after enqueue
     resend: bool = False  # on_ambiguous=resend
+    webhook: bool = False  # a user's message through the webhook; the echo consumer's reply is the message
 
     @property
     def key(self) -> str:
         return f"chaos-{self.n}"
 
     def text(self) -> str:
+        if self.webhook:
+            return f"<m{self.n}:000> hello from chat {self.chat_id}"
         if self.parts == 1:
             return f"<m{self.n}:000> message {self.n} to chat {self.chat_id}"
         # Each ~1,000-character block carries its own marker, so every part of a split text
@@ -123,7 +128,8 @@ class Schedule:
             f" {sum(m.expires_in is not None for m in self.messages)} expiring,"
             f" {sum(m.cancel_after is not None for m in self.messages)} cancelled,"
             f" {sum(m.resend for m in self.messages)} on_ambiguous=resend,"
-            f" {sum(m.parts > 1 for m in self.messages)} long",
+            f" {sum(m.parts > 1 for m in self.messages)} long,"
+            f" {sum(m.webhook for m in self.messages)} through the webhook (echo replies)",
             "faults:",
             *(f"  {f.describe()}" for f in sorted(self.faults, key=lambda f: f.at)),
         ]
@@ -137,24 +143,32 @@ def make_schedule(seed: int, *, long_texts: bool = LONG_TEXTS) -> Schedule:
     plans = []
     for c in range(rng.randint(20, 50)):
         group = rng.random() < 0.2
+        # A quarter of the private chats talk through the webhook: the user writes, the
+        # echo consumer answers through the outbox.
+        webhook = not group and rng.random() < 0.25
         chat_id = -(1_000_000 + c) if group else 500_000 + c
         bot = rng.randrange(bots)
         for _ in range(rng.randint(1, 6)):
-            plans.append((round(rng.uniform(0.0, 6.0), 2), bot, chat_id))
+            plans.append((round(rng.uniform(0.0, 6.0), 2), bot, chat_id, webhook))
     plans.sort()
-    for n, (at, bot, chat_id) in enumerate(plans, start=1):
+    for n, (at, bot, chat_id, webhook) in enumerate(plans, start=1):
         roll = rng.random()
+        long = long_texts and rng.random() < 0.05
+        resend = rng.random() < 0.1
+        if webhook:
+            messages.append(PlannedMessage(n=n, bot=bot, chat_id=chat_id, at=at, parts=1, webhook=True))
+            continue
         messages.append(
             PlannedMessage(
                 n=n,
                 bot=bot,
                 chat_id=chat_id,
                 at=at,
-                parts=rng.randint(5, 9) if long_texts and rng.random() < 0.05 else 1,
+                parts=rng.randint(5, 9) if long else 1,
                 send_in=round(rng.uniform(1.0, 5.0), 1) if roll < 0.12 else None,
                 expires_in=round(rng.uniform(3.0, 10.0), 1) if 0.12 <= roll < 0.2 else None,
                 cancel_after=round(rng.uniform(0.0, 1.5), 2) if 0.2 <= roll < 0.3 else None,
-                resend=rng.random() < 0.1,
+                resend=resend,
             )
         )
     faults: list[FaultWindow] = []
@@ -279,6 +293,8 @@ class Run:
     schedule: Schedule
     bot_ids: list[int] = field(default_factory=list)
     tokens: list[str] = field(default_factory=list)
+    pushed: dict[int, int | None] = field(default_factory=dict)  # webhook n -> the webhook's last status
+    replies: dict[int, list[int]] = field(default_factory=dict)  # webhook n -> ids of its echo replies
     ids: dict[int, int] = field(default_factory=dict)  # planned n -> message id
     enqueued_at: dict[int, float] = field(default_factory=dict)  # n -> time.time()
     cancelled: set[int] = field(default_factory=set)  # n whose cancel succeeded
@@ -288,11 +304,77 @@ class Run:
     events: list[str] = field(default_factory=list)
     workers: list[Process] = field(default_factory=list)
     beat: Process | None = None
+    crashes: int = 0  # workers that exited by themselves (restarted, as a supervisor would)
     settled_in: float | None = None
     errors: list[str] = field(default_factory=list)
 
     def note(self, t0: float, text: str) -> None:
         self.events.append(f"{time.monotonic() - t0:6.2f}s {text}")
+
+
+class Supervisor:
+    """Keeps one worker running, as systemd or a platform's process manager does: a worker
+    that exits by itself is counted as a crash and started again. While the schedule holds
+    it (a kill window), the worker stays down; released, it starts the next one."""
+
+    def __init__(self, run: Run, env: dict[str, str], processes: list[Process]) -> None:
+        self.run, self.env, self.processes = run, env, processes
+        self._held = False
+        self._after_kill = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="chaos-supervisor", daemon=True)
+        self.t0 = time.monotonic()
+
+    def start(self, t0: float) -> None:
+        self.t0 = t0
+        self._thread.start()
+
+    def hold(self) -> None:
+        self._held = True
+
+    def release(self) -> None:
+        self._after_kill = True
+        self._held = False
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.5):
+            if self._held or any(w.alive() for w in self.run.workers):
+                continue
+            if self._after_kill:
+                what, self._after_kill = "after the schedule's kill", False
+            else:
+                what = "after the last one exited by itself (a crash)"
+                self.run.crashes += 1
+            name = f"worker-{len(self.run.workers) + 1}"
+            try:
+                proc = start_worker(self.env, concurrency=3, name=name)
+            except AssertionError as exc:
+                self.run.errors.append(f"{name} failed to start: {exc}")
+                continue
+            self.processes.append(proc)
+            self.run.workers.append(proc)
+            self.run.note(self.t0, f"{name} ready, {what}")
+
+
+def set_webhook(sandbox: SandboxServer, token: str, url: str) -> None:
+    response = httpx.post(f"{sandbox.bot_api_url}{token}/setWebhook", json={"url": url}, timeout=5)
+    assert response.json().get("ok"), response.text
+
+
+def push(sandbox: SandboxServer, token: str, chat_id: int, text: str) -> int | None:
+    """A user's message, pushed to the bot's webhook; redelivered (same update) until the
+    webhook answers 200, a few times, as Telegram does."""
+    result = sandbox.push_update({"token": token, "chat_id": chat_id, "text": text})
+    for _ in range(5):
+        if result.get("webhook_status") == 200:
+            break
+        time.sleep(0.5)
+        result = sandbox.push_update({"token": token, "update": result["update"]})
+    return result.get("webhook_status")
 
 
 def play(
@@ -301,11 +383,10 @@ def play(
     run: Run,
     sandbox: SandboxServer,
     private_redis: PrivateRedis,
-    env: dict[str, str],
-    processes: list[Process],
+    supervisor: Supervisor,
 ) -> None:
-    """Play the schedule: enqueues, cancels and fault windows at their times, from this
-    thread (worker restarts in a helper thread, as they take seconds)."""
+    """Play the schedule: enqueues, webhook pushes, cancels and fault windows at their
+    times, from this thread (the supervisor restarts workers, as that takes seconds)."""
     events: list[tuple[float, int, str, Any]] = []
     for m in schedule.messages:
         events.append((m.at, 1, "enqueue", m))
@@ -317,21 +398,13 @@ def play(
             events.append((f.at + f.seconds, 0, "end", f))
     events.sort(key=lambda e: (e[0], e[1]))
     t0 = time.monotonic()
-    restarts: list[threading.Thread] = []
-
-    def restart_worker(name: str) -> None:
-        try:
-            proc = start_worker(env, concurrency=3, name=name)
-        except AssertionError as exc:
-            run.errors.append(f"worker restart failed: {exc}")
-            return
-        processes.append(proc)
-        run.workers.append(proc)
-        run.note(t0, f"{name} ready")
+    supervisor.start(t0)
 
     for at, _, what, item in events:
         time.sleep(max(0.0, at - (time.monotonic() - t0)))
-        if what == "enqueue":
+        if what == "enqueue" and item.webhook:
+            run.pushed[item.n] = push(sandbox, run.tokens[item.bot], item.chat_id, item.text())
+        elif what == "enqueue":
             m: PlannedMessage = item
             now = timezone.now()
             message, _ = outbound_message_enqueue(
@@ -361,6 +434,7 @@ def play(
                 run.blows.append(("refuse", before, timezone.now()))
             elif f.kind == "kill_worker":
                 before = timezone.now()
+                supervisor.hold()
                 for proc in run.workers:
                     proc.kill()
                 run.blows.append(("kill_worker", before, timezone.now()))
@@ -372,19 +446,30 @@ def play(
             if f.kind == "refuse":
                 sandbox.start()
             elif f.kind == "kill_worker":
-                thread = threading.Thread(target=restart_worker, args=(f"worker-{len(run.workers) + 1}",))
-                thread.start()
-                restarts.append(thread)
+                supervisor.release()  # it starts the new worker
             elif f.kind == "restart_redis":
                 private_redis.start()
             run.note(t0, f"end {f.kind}")
     time.sleep(max(0.0, schedule.faults_end - (time.monotonic() - t0)))
-    for thread in restarts:
-        thread.join(60)
     run.note(t0, "faults over")
 
 
 OPEN_STATES = (State.PENDING, State.RETRY, State.SENDING)
+RUN_OPEN = (RunState.PENDING, RunState.RUNNING, RunState.RETRY)
+
+
+def resolve_replies(run: Run) -> None:
+    """The echo replies to the webhook's messages, by the marker they repeat: each becomes
+    the planned message's outbox row (there must be exactly one)."""
+    webhook = {m.n for m in run.schedule.messages if m.webhook}
+    run.replies = {}
+    replies = OutboundMessage.objects.filter(bot_id__in=run.bot_ids, consumer="auto_reply").order_by("pk")
+    for pk, payload in replies.values_list("pk", "payload"):
+        for n, _ in MARKER.findall(str((payload or {}).get("text", ""))):
+            if int(n) in webhook:
+                run.replies.setdefault(int(n), []).append(pk)
+    for n, pks in run.replies.items():
+        run.ids[n] = pks[0]
 
 
 def _resendable_unknown(bot_ids: list[int]) -> int:
@@ -403,6 +488,8 @@ def settle(run: Run, *, timeout: float = SETTLE_SECONDS) -> None:
     while time.monotonic() - start < timeout:
         close_old_connections()
         busy = OutboundMessage.objects.filter(bot_id__in=run.bot_ids, state__in=OPEN_STATES).count()
+        busy += InboundUpdate.objects.filter(bot_id__in=run.bot_ids).exclude(state=UpdateState.DONE).count()
+        busy += ConsumerRun.objects.filter(update__bot_id__in=run.bot_ids, state__in=RUN_OPEN).count()
         circuits = Circuit.objects.filter(
             scope__in=[f"bot:{pk}" for pk in run.bot_ids], state__in=[CircuitState.OPEN, CircuitState.HALF_OPEN]
         ).count()
@@ -455,8 +542,13 @@ def check(run: Run, sandbox: SandboxServer) -> list[str]:
     for n, m in sorted(planned.items()):
         row = rows.get(n)
         if row is None:
-            problems.append(f"m{n}: not in the outbox (enqueue lost?)")
+            if m.webhook:
+                problems.append(f"m{n}: the user's message (webhook answered {run.pushed.get(n)}) got no reply")
+            else:
+                problems.append(f"m{n}: not in the outbox (enqueue lost?)")
             continue
+        if len(run.replies.get(n, [])) > 1:
+            problems.append(f"m{n}: the user's message got {len(run.replies[n])} replies {run.replies[n]}")
         received = parts.get(n, Counter())
         whole = all(received[i] >= 1 for i in range(m.parts))
         twice = any(c > 1 for c in received.values())
@@ -498,7 +590,9 @@ def check(run: Run, sandbox: SandboxServer) -> list[str]:
         firsts.sort(key=lambda d: d.call_id)
         for i, later in enumerate(firsts):
             for earlier in firsts[i + 1 :]:
-                if earlier.n > later.n:
+                # Enqueue order is the outbox's id order (for echo replies, not the order of
+                # the user's messages: their consumer runs go in parallel).
+                if earlier.n not in rows or later.n not in rows or rows[earlier.n].pk > rows[later.n].pk:
                     continue
                 a = planned[earlier.n]  # enqueued first, delivered after `later`
                 row = rows.get(a.n)
@@ -555,7 +649,8 @@ def summary(run: Run, sandbox: SandboxServer) -> str:
     settled = "never" if run.settled_in is None else f"{run.settled_in:.1f}s"
     return (
         f"seed {run.schedule.seed}: {dict(sorted(states.items()))}; {len(deliveries(sandbox, run.tokens))} deliveries;"
-        f" {len(run.cancelled)} cancels took; circuits opened: {opened}; settled in {settled}"
+        f" {len(run.cancelled)} cancels took; {len(run.replies)}/{len(run.pushed)} webhook messages answered;"
+        f" circuits opened: {opened}; worker crashes: {run.crashes}; settled in {settled}"
     )
 
 

@@ -23,7 +23,7 @@ import pytest
 from bots.sandbox.server import SandboxServer
 from tests.conftest import make_bot
 from tests.e2e import chaos
-from tests.support import Process, free_port, start_worker
+from tests.support import Process, free_port, start_web, start_worker
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -73,13 +73,29 @@ def test_every_message_ends_sent_once_or_visible_to_an_operator_after_a_seeded_f
         run.bot_ids.append(bot.pk)
         run.tokens.append(bot.token)
     with chaos.broker_at(private_redis.url):
+        if any(m.webhook for m in schedule.messages):
+            web = start_web(env)
+            processes.append(web[0])
+            for i, bot_id in enumerate(run.bot_ids):
+                chaos.set_webhook(own_sandbox, run.tokens[i], f"{web[1]}/webhooks/telegram/{bot_name(bot_id)}/")
         worker = start_worker(env, concurrency=3, name="worker-1")
         processes.append(worker)
         run.workers.append(worker)
         run.beat = chaos.start_beat(env, processes)
-        chaos.play(schedule, run=run, sandbox=own_sandbox, private_redis=private_redis, env=env, processes=processes)
-        chaos.settle(run)
+        supervisor = chaos.Supervisor(run, env, processes)
+        try:
+            chaos.play(schedule, run=run, sandbox=own_sandbox, private_redis=private_redis, supervisor=supervisor)
+            chaos.settle(run)
+        finally:
+            supervisor.stop()
+        chaos.resolve_replies(run)
         problems = chaos.check(run, own_sandbox)
         print(chaos.summary(run, own_sandbox))  # the soak (bench/soak.py) reads it
         if problems:
             pytest.fail(chaos.report(run, own_sandbox, problems), pytrace=False)
+
+
+def bot_name(bot_id: int) -> str:
+    from bots.models import Bot
+
+    return Bot.objects.get(pk=bot_id).name
