@@ -4,9 +4,10 @@
 
 Runs pytest on the module with `--seed N` for seeds start .. start+seeds-1, `--chunk` seeds
 per pytest run (each run creates its own test database once), and prints one line per seed
-- held, or failed with its first violations - and a total, e.g. "50 seeds: 50 held, 0 failed".
-The full failure report of each failed seed (schedule, violations, rows, log lines) is
-written to `<out>/seed-N.txt`; replay one with
+as it finishes - held, or failed with its first violations - and a total, e.g.
+"50 seeds: 50 held, 0 failed". The test writes each seed's result to <out>/results.jsonl and
+a failed seed's full report (schedule, violations, rows, log lines) to `<out>/seed-N.txt`
+(DOVECOTE_FAULT_RESULTS_DIR); replay one with
 `make test PYTEST_ARGS="tests/e2e/test_fault_schedules.py --seed N"`.
 Exit status 1 when any seed failed. A seed takes about 30-60 s here.
 """
@@ -14,12 +15,13 @@ Exit status 1 when any seed failed. A seed takes about 30-60 s here.
 from __future__ import annotations
 
 import argparse
-import re
+import json
+import os
 import signal
 import subprocess
 import sys
 import time
-import xml.etree.ElementTree as ET
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,35 +31,37 @@ MODULE = "tests/e2e/test_fault_schedules.py"
 signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
 
-def run_chunk(seeds: list[int], out: Path) -> dict[int, tuple[bool, str, str]]:
-    """{seed: (held, summary line, failure text)} for one pytest run over these seeds."""
-    xml = out / f"junit-{seeds[0]}-{seeds[-1]}.xml"
-    args = [sys.executable, "-m", "pytest", MODULE, "-q", "-p", "no:cacheprovider", f"--junitxml={xml}"]
-    args += ["-o", "junit_logging=system-out"]
+def run_chunk(seeds: list[int], out: Path, seen: set[int]) -> Iterator[tuple[int, bool, str, list[str]]]:
+    """Run pytest over these seeds; yield (seed, held, summary, first violations) as each
+    seed finishes (the test appends a line to <out>/results.jsonl)."""
+    results = out / "results.jsonl"
+    args = [sys.executable, "-m", "pytest", MODULE, "-q", "-p", "no:cacheprovider"]
     for seed in seeds:
         args += ["--seed", str(seed)]
-    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = (out / f"pytest-{seeds[0]}-{seeds[-1]}.log").open("w")
+    env = {**os.environ, "DOVECOTE_FAULT_RESULTS_DIR": str(out)}
+    proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
-        proc.wait()
+        while True:
+            done = proc.poll() is not None
+            for line in results.read_text().splitlines() if results.exists() else []:
+                result = json.loads(line)
+                if result["seed"] in seeds and result["seed"] not in seen:
+                    seen.add(result["seed"])
+                    yield result["seed"], result["held"], result["summary"], result["problems"]
+            if done:
+                break
+            time.sleep(1)
     finally:
         if proc.poll() is None:
             proc.terminate()
             proc.wait(30)
-    results: dict[int, tuple[bool, str, str]] = {}
-    if xml.exists():
-        for case in ET.parse(xml).getroot().iter("testcase"):
-            match = re.search(r"\[seed(\d+)\]", case.get("name", ""))
-            if not match:
-                continue
-            seed = int(match.group(1))
-            stdout = "".join(node.text or "" for node in case.iter("system-out"))
-            summary = next((ln for ln in stdout.splitlines() if ln.startswith(f"seed {seed}:")), "")
-            bad = [node for node in case if node.tag in ("failure", "error")]
-            text = "\n".join((node.get("message") or "") + "\n" + (node.text or "") for node in bad)
-            results[seed] = (not bad, summary, text)
+        log.close()
     for seed in seeds:
-        results.setdefault(seed, (False, "", f"pytest exited {proc.returncode} without a result for this seed"))
-    return results
+        if seed not in seen:
+            # No result line: the test errored before its checks (see the pytest log).
+            seen.add(seed)
+            yield seed, False, "", [f"no result: pytest exited {proc.returncode}, see {log.name}"]
 
 
 def main() -> int:
@@ -68,24 +72,23 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "var" / "soak", help="where failure reports go")
     options = parser.parse_args()
     options.out.mkdir(parents=True, exist_ok=True)
+    for old in [options.out / "results.jsonl", *options.out.glob("seed-*.txt")]:
+        old.unlink()  # a previous soak's results
     seeds = list(range(options.start, options.start + options.seeds))
     held: list[int] = []
     failed: list[int] = []
     started = time.monotonic()
+    seen: set[int] = set()
     for i in range(0, len(seeds), options.chunk):
-        chunk = seeds[i : i + options.chunk]
-        for seed, (ok, summary, text) in sorted(run_chunk(chunk, options.out).items()):
+        for seed, ok, summary, problems in run_chunk(seeds[i : i + options.chunk], options.out, seen):
             if ok:
                 held.append(seed)
                 print(f"seed {seed}: held  {summary.partition(': ')[2]}", flush=True)
                 continue
             failed.append(seed)
-            report = options.out / f"seed-{seed}.txt"
-            report.write_text(text)
-            violations = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("- ")][:3]
-            print(f"seed {seed}: FAILED ({report})", flush=True)
-            for line in violations or text.strip().splitlines()[:3]:
-                print(f"    {line[:200]}", flush=True)
+            print(f"seed {seed}: FAILED ({options.out / f'seed-{seed}.txt'})", flush=True)
+            for line in problems[:3]:
+                print(f"    - {line[:200]}", flush=True)
     minutes = (time.monotonic() - started) / 60
     print(f"{len(seeds)} seeds: {len(held)} held, {len(failed)} failed ({minutes:.1f} min)")
     if failed:

@@ -13,6 +13,7 @@ sandbox received maps back to the message (and, for a text split in parts, to it
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -23,6 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -697,6 +699,22 @@ def report(run: Run, sandbox: SandboxServer, problems: list[str]) -> str:
         errors = [ln for ln in log if "ERROR" in ln or "Traceback" in ln or "CRITICAL" in ln]
         lines.extend(f"    {ln[:300]}" for ln in errors[-10:])
     return "\n".join(lines)
+
+
+def record_result(run: Run, *, summary: str, problems: list[str], report: str) -> None:
+    """With DOVECOTE_FAULT_RESULTS_DIR set (bench/soak.py sets it): one JSON line per seed in
+    results.jsonl, and a failed seed's full report in seed-N.txt."""
+    out = os.environ.get("DOVECOTE_FAULT_RESULTS_DIR")
+    if not out:
+        return
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    seed = run.schedule.seed
+    if problems:
+        (folder / f"seed-{seed}.txt").write_text(report)
+    line = {"seed": seed, "held": not problems, "summary": summary, "problems": problems[:5]}
+    with (folder / "results.jsonl").open("a") as results:
+        results.write(json.dumps(line) + "\n")
 
 
 def _t(value: datetime | None) -> str:

@@ -90,9 +90,12 @@ def test_every_message_ends_sent_once_or_visible_to_an_operator_after_a_seeded_f
             supervisor.stop()
         chaos.resolve_replies(run)
         problems = chaos.check(run, own_sandbox)
-        print(chaos.summary(run, own_sandbox))  # the soak (bench/soak.py) reads it
+        summary = chaos.summary(run, own_sandbox)
+        print(summary)
+        text = chaos.report(run, own_sandbox, problems) if problems else ""
+        chaos.record_result(run, summary=summary, problems=problems, report=text)
         if problems:
-            pytest.fail(chaos.report(run, own_sandbox, problems), pytrace=False)
+            pytest.fail(text, pytrace=False)
 
 
 def bot_name(bot_id: int) -> str:
