@@ -256,13 +256,14 @@ def outbound_message_send(message_id: int, *, slot_reserved: bool = False) -> Se
         if transitions.cancel(message.pk, reason=EXPIRED_REASON, error_class=ErrorClass.EXPIRED):
             _kick_chat(message)
         return SendResult("expired")
+    if message.ordered and message.blocked:
+        # An earlier message to this chat goes first; it kicks this one when it is done.
+        # Checked before the circuit, so that a blocked message never spends the probe.
+        return SendResult("waiting-for-earlier")
     if message.circuit_not_closed and not circuits.try_probe(_circuit_scope(message.bot_id)):
         # The bot's circuit is open (auth failure or operator pause), or another worker is
         # sending the one half-open probe: keep the queue; the sweeper releases it later.
         return SendResult("circuit-open")
-    if message.ordered and message.blocked:
-        # An earlier message to this chat goes first; it kicks this one when it is done.
-        return SendResult("waiting-for-earlier")
     wait = ratelimit.acquire(
         bot_id=message.bot_id,
         bot_rate=message.bot.rate_limit,

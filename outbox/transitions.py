@@ -20,7 +20,7 @@ from django.db.models import F
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
-from outbox import selectors
+from outbox import chat_order, selectors
 from outbox.models import Attempt, DeadLetter, ErrorClass, OutboundMessage, State
 from outbox.signals import message_ambiguous, message_dead_lettered
 from outbox.telegram import CallOutcome
@@ -124,10 +124,7 @@ def claim_batch(
           SELECT q.id FROM {_MESSAGES} q
           WHERE q.bot_id = %s AND q.state IN ('pending', 'retry') AND q.next_attempt_at <= %s
             AND q.next_attempt_at >= %s AND q.broadcast = ''
-            AND NOT (q.ordered AND EXISTS (
-              SELECT 1 FROM {_MESSAGES} e WHERE e.bot_id = q.bot_id AND e.chat_id = q.chat_id AND e.id < q.id
-                AND e.ordered AND e.state IN ('pending', 'retry', 'sending')
-                AND (e.state IN ('retry', 'sending') OR e.send_at IS NULL OR e.send_at <= %s)))
+            AND NOT {chat_order.blocked_sql("q")}
             AND NOT EXISTS (SELECT 1 FROM {Circuit._meta.db_table} c WHERE c.scope = %s AND c.state <> 'closed')
           ORDER BY q.next_attempt_at
           LIMIT %s
@@ -253,8 +250,9 @@ def mark_sent(
     result = None if telegram_message_id else outcome.result
     if _postgresql():
         next_in_chat = (
-            f"""SELECT id FROM {_MESSAGES} WHERE bot_id = %s AND chat_id = %s AND state IN ('pending', 'retry')
-                AND next_attempt_at <= %s ORDER BY id LIMIT 1"""  # noqa: S608 - see _MESSAGES
+            f"""SELECT id FROM {_MESSAGES} h WHERE h.bot_id = %s AND h.chat_id = %s
+                AND h.state IN ('pending', 'retry') AND h.next_attempt_at <= %s
+                AND NOT {chat_order.blocked_sql("h", besides_one=True)} ORDER BY h.id LIMIT 1"""  # noqa: S608
             if kick_chat
             else "SELECT NULL::bigint"
         )
@@ -283,7 +281,7 @@ def mark_sent(
                 None if result is None else json.dumps(result),
                 message.pk,
                 worker,
-                *([message.bot_id, message.chat_id, now] if kick_chat else []),
+                *([message.bot_id, message.chat_id, now, now, message.pk] if kick_chat else []),
             ],
         )
         return Sent(row[0] == 1, row[1])

@@ -44,7 +44,7 @@ from bots import registry
 from bots import services as bot_services
 from bots import transitions as bot_transitions
 from bots.models import Bot, ConsumerRun, InboundUpdate, RunState, UpdateState
-from outbox import circuits, drain
+from outbox import chat_order, circuits, drain
 from outbox import services as outbox_services
 from outbox import transitions as outbox_transitions
 from outbox.idempotency import idempotency_records_prune
@@ -107,9 +107,17 @@ def messages_to_auto_resend_qs(now: datetime) -> QuerySet[OutboundMessage]:
     )
 
 
-def messages_due_qs(now: datetime, *, bot_id: int | None = None) -> QuerySet[OutboundMessage]:
-    qs = OutboundMessage.objects.filter(state__in=WAITING, next_attempt_at__lte=now - redispatch_grace())
-    return qs if bot_id is None else qs.filter(bot_id=bot_id)
+def messages_due_qs(
+    now: datetime, *, bot_id: int | None = None, overdue_by: timedelta | None = None
+) -> QuerySet[OutboundMessage]:
+    """Waiting messages due `overdue_by` ago (default: the redispatch grace, i.e. their
+    broker message was lost) that their chat's order lets go now (outbox/chat_order.py):
+    a later message of a chat is never chosen before its head."""
+    overdue = redispatch_grace() if overdue_by is None else overdue_by
+    qs = OutboundMessage.objects.filter(state__in=WAITING, next_attempt_at__lte=now - overdue)
+    if bot_id is not None:
+        qs = qs.filter(bot_id=bot_id)
+    return chat_order.heads(qs, now=now)
 
 
 def effects_prunable_qs(cutoff: datetime) -> QuerySet[Effect]:
@@ -262,13 +270,15 @@ def _redispatch_sends(now: datetime, report: dict[str, int]) -> None:
         if circuit.state != CircuitState.CLOSED:
             probe_due = not circuit.manual and circuit.next_probe_at is not None and circuit.next_probe_at <= now
             if probe_due:
-                probe = _ids(messages_due_qs(now, bot_id=bot_id), "next_attempt_at", 1)
+                # The probe is a chat's head that is due now: a later message of its chat
+                # would only wait for the head, and the probe's turn would pass unused.
+                probe = _ids(messages_due_qs(now, bot_id=bot_id, overdue_by=timedelta(0)), "next_attempt_at", 1)
                 report["messages_probes"] += _redispatch(probe, now, probe=True)
             continue
         rate = Bot.objects.filter(pk=bot_id).values_list("rate_limit", flat=True).first()
         allowance = circuits.bot_ramp_allowance(circuit, rate=rate)
         limit = BATCH if allowance is None else min(BATCH, allowance)
-        batch = _ids(messages_due_qs(now, bot_id=bot_id), "next_attempt_at", limit)
+        batch = _ids(messages_due_qs(now, bot_id=bot_id, overdue_by=timedelta(0)), "next_attempt_at", limit)
         report["messages_ramped"] += _redispatch(batch, now)
     qs = messages_due_qs(now)
     if special:
