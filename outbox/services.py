@@ -12,12 +12,13 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
@@ -307,9 +308,32 @@ def outbound_message_send(message_id: int, *, slot_reserved: bool = False) -> Se
         params={"chat_id": message.chat_id, **message.payload},
     )
     failpoint("after_response")
-    result = _record_outcome(message, worker=worker, attempt=attempt, outcome=outcome)
+    result = with_outcome_write_retries(
+        lambda: _record_outcome(message, worker=worker, attempt=attempt, outcome=outcome), message_ids=[message.pk]
+    )
     failpoint("after_record")
     return result
+
+
+T = TypeVar("T")
+# Telegram has answered; writing its answer down is worth a few tries through a database
+# blip (a failover, a restarted pooler) before the send is left to the sweeper, which can
+# then only call it `unknown`. Together well inside checks.RECORD_MARGIN_SECONDS.
+OUTCOME_WRITE_RETRY_DELAYS = (0.2, 0.5, 1.0, 2.0)
+
+
+def with_outcome_write_retries(write: Callable[[], T], *, message_ids: list[int]) -> T:
+    """Run `write` (recording outcomes: conditional transitions, safe to repeat), retrying
+    on a lost database connection. The last failure propagates: the lease then runs out and
+    the sweeper makes the sends `unknown`."""
+    for delay in OUTCOME_WRITE_RETRY_DELAYS:
+        try:
+            return write()
+        except (OperationalError, InterfaceError) as exc:
+            logger.warning("recording the outcome of messages %s failed (%s); retrying in %ss", message_ids, exc, delay)
+            connection.close()  # the next query opens a new connection
+            time.sleep(delay)
+    return write()
 
 
 # Refusals that come from Telegram itself, with a working token (not 401, not a 5xx or a
@@ -326,6 +350,9 @@ def _record_outcome(
         sent = transitions.mark_sent(
             message, worker=worker, attempt=attempt, outcome=outcome, kick_chat=message.ordered
         )
+        if not sent and transitions.settle_late_success(message, attempt=attempt, outcome=outcome):
+            logger.warning("message %s: success arrived after its lease ran out; settled as sent", message.pk)
+            return SendResult("sent-late")
         if getattr(message, "circuit_dirty", True):
             circuits.record_success(_circuit_scope(message.bot_id))
         if sent.next_in_chat is not None and sent.next_in_chat != message.pk:

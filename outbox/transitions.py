@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from outbox import chat_order, selectors
 from outbox.models import Attempt, DeadLetter, ErrorClass, OutboundMessage, State
-from outbox.signals import message_ambiguous, message_dead_lettered
+from outbox.signals import message_ambiguous, message_dead_lettered, message_delivered_late
 from outbox.telegram import CallOutcome
 
 WAITING = [State.PENDING, State.RETRY]
@@ -300,6 +300,36 @@ def mark_sent(
         )
     next_id = selectors.next_open_message_in_chat(bot_id=message.bot_id, chat_id=message.chat_id) if kick_chat else None
     return Sent(n == 1, next_id)
+
+
+def settle_late_success(message: OutboundMessage, *, attempt: Attempt, outcome: CallOutcome) -> bool:
+    """unknown (or retry/sending after a resend decision, before its new attempt) -> sent:
+    Telegram answered this attempt with success after the worker's lease had run out and the
+    sweeper had given the send up. The answer settles it: the message is sent, its case is
+    closed as delivered (`message_delivered_late`) and the resend, if one was decided, finds
+    nothing to send. Only while no later attempt has started (`attempts` is still this
+    attempt's number): a later attempt is its own send."""
+    now = timezone.now()
+    telegram_message_id = outcome.telegram_message_id
+    with transaction.atomic():
+        n = OutboundMessage.objects.filter(
+            pk=message.pk, state__in=[State.UNKNOWN, State.RETRY, State.SENDING], attempts=attempt.number
+        ).update(
+            state=State.SENT,
+            sent_at=now,
+            updated_at=now,
+            telegram_message_id=telegram_message_id,
+            result=None if telegram_message_id else outcome.result,
+            lease_owner="",
+            lease_expires_at=None,
+            last_error="",
+            last_error_class="",
+        )
+        if n != 1:
+            return False
+        message.state = State.SENT
+        message_delivered_late.send(sender=OutboundMessage, message=message, attempt_number=attempt.number)
+    return True
 
 
 def schedule_retry(

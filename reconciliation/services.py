@@ -163,3 +163,30 @@ def case_auto_resend(case: ReconciliationCase, *, delay_seconds: float) -> bool:
             details={"attempts": message.attempts, "duplicate_possible": True},
         )
     return True
+
+
+def case_close_delivered_late(message: OutboundMessage, *, attempt_number: int) -> ReconciliationCase | None:
+    """Telegram answered the message's attempt with success after the sweeper had made it
+    `unknown`: the open case (if any) is resolved as delivered, with the reason. A resend
+    already decided stays on record; its send finds the message sent and does nothing."""
+    case = ReconciliationCase.objects.select_for_update().filter(message=message, status=CaseStatus.OPEN).first()
+    reason = f"Telegram answered attempt {attempt_number} with success after its lease had run out"
+    if case is None:
+        audit_record(
+            actor=None,
+            action="reconciliation.delivered_late",
+            target=f"outbox.OutboundMessage:{message.pk}",
+            reason=reason,
+            outcome="sent",
+            details={"idempotency_key": message.idempotency_key},
+        )
+        return None
+    _decide(
+        case,
+        user=None,
+        decision=Decision.MARK_DELIVERED,
+        reason=reason,
+        outcome="delivered (late answer)",
+        details={"telegram_message_id": message.telegram_message_id, "attempt": attempt_number},
+    )
+    return case

@@ -55,3 +55,16 @@ def test_the_openapi_schema_is_served(client: Client) -> None:
     response = client.get("/api/schema/")
     assert response.status_code == 200
     assert b"/api/v1/messages/" in response.content
+
+
+def test_a_send_lease_shorter_than_a_send_is_refused_by_the_system_check() -> None:
+    from django.core.management import call_command
+    from django.core.management.base import SystemCheckError
+    from django.test import override_settings
+
+    # Defaults: 5 s connect, 15 s read: a send may take 5 + 2 x 15 + 5 + 5.25 s; the lease is 60.
+    call_command("check", "--tag", "dovecote")
+    with override_settings(DOVECOTE_SEND_LEASE_SECONDS=30), pytest.raises(SystemCheckError, match=r"dovecote\.E001"):
+        call_command("check", "--tag", "dovecote")
+    with override_settings(DOVECOTE_SEND_LEASE_SECONDS=30, DOVECOTE_TELEGRAM_READ_TIMEOUT=5):
+        call_command("check", "--tag", "dovecote")
