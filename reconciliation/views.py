@@ -8,8 +8,10 @@ from typing import Any
 from django.conf import settings
 from django.db import DatabaseError, connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.utils import timezone
 
 from reconciliation.selectors import queue_status
+from reconciliation.sweeper import sweeper_last_run
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +44,13 @@ def readyz(request: HttpRequest) -> JsonResponse:
     broker_ok, detail = _broker_ok()
     checks["broker"] = "ok" if broker_ok else f"unavailable: {detail}"
     ok = ok and broker_ok
-    return JsonResponse({"ok": ok, "checks": checks}, status=200 if ok else 503)
+    # Informational: a dead beat does not make this process unready, but it must be seen.
+    last_run = sweeper_last_run()
+    sweeper = {
+        "last_run": last_run.isoformat() if last_run else None,
+        "seconds_ago": round((timezone.now() - last_run).total_seconds(), 1) if last_run else None,
+    }
+    return JsonResponse({"ok": ok, "checks": checks, "sweeper": sweeper}, status=200 if ok else 503)
 
 
 def metrics(request: HttpRequest) -> HttpResponse:
@@ -90,6 +98,12 @@ def metrics(request: HttpRequest) -> HttpResponse:
         "dovecote_circuit_open",
         "1 while a destination's circuit is open or half-open (attempts stopped, queue kept)",
         [({"scope": scope, "state": state}, 1) for scope, state in status["circuits_open"].items()],
+    )
+    last_run = sweeper_last_run()
+    gauge(
+        "dovecote_sweeper_last_run_timestamp_seconds",
+        "when the sweeper last finished a sweep (Unix time; 0 if never): alert when it falls behind",
+        [({}, last_run.timestamp() if last_run else 0)],
     )
     _dashboard_gauges(gauge)
     return HttpResponse("\n".join(lines) + "\n", content_type="text/plain; version=0.0.4; charset=utf-8")

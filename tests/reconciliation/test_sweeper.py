@@ -221,9 +221,20 @@ def test_a_second_sweeper_steps_aside_while_one_holds_the_lock(bot) -> None:
 
 
 def test_a_sweeper_killed_mid_sweep_does_not_orphan_the_lock(bot) -> None:
+    from tests.support import wait_until
+
     other = _other_session()
-    other.execute("SELECT pg_try_advisory_lock(%s)", [SWEEP_LOCK_KEY])
+    pid = other.execute("SELECT pg_backend_pid() FROM pg_advisory_lock(%s)", [SWEEP_LOCK_KEY]).fetchone()[0]
     other.close()  # the session ends, as when the process is killed
+    # The server ends the backend a moment after the client hangs up (longer on a busy machine).
+    with connection.cursor() as cursor:
+
+        def backend_gone() -> bool:
+            cursor.execute("SELECT pg_stat_clear_snapshot()")  # the view is a per-transaction snapshot
+            cursor.execute("SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = %s)", [pid])
+            return cursor.fetchone()[0]
+
+        wait_until(backend_gone, timeout=10, message="the killed sweeper's session to end")
     assert "skipped" not in sweep()
 
 
@@ -254,3 +265,59 @@ def test_two_sweepers_at_once_recover_each_row_exactly_once(bot_factory) -> None
     assert ReconciliationCase.objects.count() == 20
     assert OutboundMessage.objects.filter(state=State.UNKNOWN).count() == 20
     assert all(m.attempt_set.count() <= 1 for m in OutboundMessage.objects.all())
+
+
+def test_a_wait_longer_than_a_broker_countdown_is_published_ahead_with_its_exact_countdown(bot) -> None:
+    """Found from outside: `send_at` and waits over 60 s were parked in the row and picked up
+    by a sweep only after the redispatch grace, 30-45 s late."""
+    from datetime import datetime
+
+    from tests.support import queued
+
+    now = timezone.now()
+    # Scheduled 90 s ahead when it was written, 80 s ago: due in 10 s.
+    due = now + timedelta(seconds=10)
+    parked = message_row(bot, key="parked", send_at=due, next_attempt_at=due)
+    OutboundMessage.objects.filter(pk=parked.pk).update(updated_at=now - timedelta(seconds=80))
+    # A short backoff was published with its countdown when it was scheduled: not again.
+    message_row(bot, key="short", state=State.RETRY, chat_id=1, next_attempt_at=now + timedelta(seconds=5))
+    # Due after the next two ticks: the next sweeps publish it.
+    later = message_row(bot, key="later", chat_id=2, next_attempt_at=now + timedelta(seconds=300))
+    OutboundMessage.objects.filter(pk=later.pk).update(updated_at=now - timedelta(seconds=80))
+
+    with override_settings(DOVECOTE_SWEEP_INTERVAL_SECONDS=15):
+        report = sweep()
+
+    assert report["messages_published_ahead"] == 1
+    [task] = [t for t in queued() if t.name == "outbox.send_outbound_message"]
+    assert task.args == [parked.pk]
+    eta = datetime.fromisoformat(task.eta)
+    assert abs((eta - (now + timedelta(seconds=10))).total_seconds()) < 1.0
+
+
+def test_a_consumer_run_parked_past_a_broker_countdown_is_published_ahead(bot) -> None:
+    from tests.support import queued
+
+    update = stored_update(bot)
+    now = timezone.now()
+    run = ConsumerRun.objects.create(
+        update=update, bot=bot, consumer="analytics", state=RunState.RETRY, next_attempt_at=now + timedelta(seconds=12)
+    )
+    ConsumerRun.objects.filter(pk=run.pk).update(updated_at=now - timedelta(seconds=200))
+
+    report = sweep()
+
+    assert report["runs_published_ahead"] == 1
+    assert [t.args for t in queued() if t.name == "bots.run_consumer"] == [[run.pk]]
+
+
+def test_readyz_and_metrics_say_when_the_sweeper_last_ran(client, db) -> None:
+    before = client.get("/readyz").json()["sweeper"]
+    sweep()
+    after = client.get("/readyz").json()["sweeper"]
+
+    assert before == {"last_run": None, "seconds_ago": None}
+    assert 0 <= after["seconds_ago"] < 5
+    metrics = client.get("/metrics").content.decode()
+    line = next(x for x in metrics.splitlines() if x.startswith("dovecote_sweeper_last_run_timestamp_seconds "))
+    assert abs(float(line.split()[1]) - timezone.now().timestamp()) < 5
