@@ -17,13 +17,24 @@ env = environ.Env()
 
 DEBUG = env.bool("DEBUG", default=False)
 
+
+def _required_in_production(*names: str) -> None:
+    """Fail closed: with DEBUG off, a missing variable stops the process at start with one
+    line naming it, rather than falling back to the development defaults (an SQLite file on
+    an ephemeral disk, a file broker, a per-process rate limiter)."""
+    missing = [name for name in names if not env.str(name, default="")]
+    if missing:
+        raise ImproperlyConfigured(
+            f"{', '.join(missing)} must be set when DEBUG is off (DEBUG=1 uses development defaults)."
+        )
+
+
 if DEBUG:
     SECRET_KEY = env.str("SECRET_KEY", default="dev-insecure-dovecote-key-change-me")
     ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]", "testserver"])
 else:
-    SECRET_KEY = env.str("SECRET_KEY", default="")
-    if not SECRET_KEY:
-        raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG is off (set DEBUG=1 for development).")
+    _required_in_production("SECRET_KEY", "DATABASE_URL", "REDIS_URL")
+    SECRET_KEY = env.str("SECRET_KEY")
     ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=[])
     SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=True)
     CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", default=True)
