@@ -195,6 +195,8 @@ CELERY_TASK_QUEUE_BULK = env.str("DOVECOTE_QUEUE_PREFIX", default="") + "dovecot
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 
 # --- Dovecote -------------------------------------------------------------------------
+# /metrics requires `Authorization: Bearer <token>`; with DEBUG off and no token it answers 403.
+DOVECOTE_METRICS_TOKEN = env.str("DOVECOTE_METRICS_TOKEN", default="")
 TELEGRAM_API_BASE_URL = env.str("TELEGRAM_API_BASE_URL", default="https://api.telegram.org")
 DOVECOTE_WEBHOOK_MAX_BYTES = env.int("DOVECOTE_WEBHOOK_MAX_BYTES", default=1_048_576)
 DOVECOTE_REPLY_DEBOUNCE_SECONDS = env.float("DOVECOTE_REPLY_DEBOUNCE_SECONDS", default=0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hmac
 import logging
 from typing import Any
 
@@ -53,8 +54,27 @@ def readyz(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"ok": ok, "checks": checks, "sweeper": sweeper}, status=200 if ok else 503)
 
 
+def _metrics_refused(request: HttpRequest) -> HttpResponse | None:
+    """/metrics shows queue sizes, bot names and error rates: with DOVECOTE_METRICS_TOKEN it
+    needs `Authorization: Bearer <token>`; without one it is open only with DEBUG on."""
+    token = settings.DOVECOTE_METRICS_TOKEN
+    if not token:
+        if settings.DEBUG:
+            return None
+        return HttpResponse("set DOVECOTE_METRICS_TOKEN to scrape /metrics\n", status=403, content_type="text/plain")
+    given = request.headers.get("Authorization", "")
+    if hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+        return None
+    refused = HttpResponse("a bearer token is required\n", status=401, content_type="text/plain")
+    refused["WWW-Authenticate"] = 'Bearer realm="metrics"'
+    return refused
+
+
 def metrics(request: HttpRequest) -> HttpResponse:
     """Prometheus text format (version 0.0.4)."""
+    refused = _metrics_refused(request)
+    if refused is not None:
+        return refused
     status = queue_status()
     lines: list[str] = []
 

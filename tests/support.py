@@ -20,6 +20,8 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
+# The Authorization header that scrapes /metrics (project/test_settings.py sets the token).
+METRICS_AUTH = {"Authorization": f"Bearer {os.environ.get('DOVECOTE_METRICS_TOKEN', 'test-metrics-token')}"}
 
 
 def free_port() -> int:

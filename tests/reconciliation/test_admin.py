@@ -16,6 +16,7 @@ from django.utils import timezone
 from outbox.models import Circuit, CircuitState, DeadLetter, DeadLetterStatus, ErrorClass, State
 from reconciliation.models import AuditEntry, BulkRetry, CaseStatus, Decision, ReconciliationCase
 from tests.reconciliation.triage_helpers import failed_by_sandbox, failed_row, message_of, persona
+from tests.support import METRICS_AUTH
 
 SECRET_TEXT = "Your card 4111 is blocked, Alice Smith"
 
@@ -343,7 +344,7 @@ def test_the_dashboard_renders_charts_a_live_fragment_and_json(sandbox, bot, ope
 
 def test_metrics_export_the_dashboard_numbers_and_keep_the_old_names(sandbox, bot) -> None:
     failed_by_sandbox(sandbox, bot)
-    text = Client().get("/metrics").content.decode()
+    text = Client().get("/metrics", headers=METRICS_AUTH).content.decode()
     for name in (
         "dovecote_outbox_items",
         "dovecote_dead_letters_open",

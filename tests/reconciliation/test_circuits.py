@@ -17,6 +17,7 @@ from outbox.models import Circuit, CircuitState, OutboundMessage, State
 from outbox.services import outbound_message_enqueue, outbound_message_send
 from reconciliation.sweeper import sweep
 from tests.reconciliation.factories import message_row
+from tests.support import METRICS_AUTH
 
 NO_GRACE = {"DOVECOTE_REDISPATCH_GRACE_SECONDS": 0, "DOVECOTE_SWEEP_INTERVAL_SECONDS": 15}
 
@@ -46,7 +47,7 @@ def test_a_revoked_token_opens_the_circuit_once_and_keeps_the_queue(bot, sandbox
 
 def test_the_metrics_show_an_open_circuit(bot, client) -> None:
     circuits.open_for_auth(f"bot:{bot.pk}", reason="Unauthorized")
-    body = client.get("/metrics").content.decode()
+    body = client.get("/metrics", headers=METRICS_AUTH).content.decode()
     assert f'dovecote_circuit_open{{scope="bot:{bot.pk}",state="open"}} 1' in body
 
 

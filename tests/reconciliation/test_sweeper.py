@@ -17,6 +17,7 @@ from outbox.models import Attempt, Effect, EffectState, ErrorClass, OutboundMess
 from reconciliation.models import CaseStatus, ReconciliationCase
 from reconciliation.sweeper import SWEEP_LOCK_KEY, sweep
 from tests.reconciliation.factories import message_row, open_attempt, stored_update
+from tests.support import METRICS_AUTH
 
 NO_GRACE = {"DOVECOTE_REDISPATCH_GRACE_SECONDS": 0}
 
@@ -318,6 +319,6 @@ def test_readyz_and_metrics_say_when_the_sweeper_last_ran(client, db) -> None:
 
     assert before == {"last_run": None, "seconds_ago": None}
     assert 0 <= after["seconds_ago"] < 5
-    metrics = client.get("/metrics").content.decode()
+    metrics = client.get("/metrics", headers=METRICS_AUTH).content.decode()
     line = next(x for x in metrics.splitlines() if x.startswith("dovecote_sweeper_last_run_timestamp_seconds "))
     assert abs(float(line.split()[1]) - timezone.now().timestamp()) < 5
