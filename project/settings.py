@@ -216,6 +216,12 @@ DOVECOTE_TELEGRAM_READ_TIMEOUT = env.float("DOVECOTE_TELEGRAM_READ_TIMEOUT", def
 DOVECOTE_DRAIN_BATCH_SIZE = env.int("DOVECOTE_DRAIN_BATCH_SIZE", default=8)
 DOVECOTE_SEND_LEASE_SECONDS = env.int("DOVECOTE_SEND_LEASE_SECONDS", default=60)
 DOVECOTE_CONSUMER_LEASE_SECONDS = env.int("DOVECOTE_CONSUMER_LEASE_SECONDS", default=300)
+# A consumer run is interrupted after this (Celery's soft time limit; a consumer's own `timeout`
+# overrides it) and that counts as a failed attempt. Below the lease, so a slow run fails on its
+# own worker instead of being taken for a dead one (bots/checks.py refuses anything else).
+DOVECOTE_CONSUMER_TIMEOUT_SECONDS = env.float(
+    "DOVECOTE_CONSUMER_TIMEOUT_SECONDS", default=DOVECOTE_CONSUMER_LEASE_SECONDS * 0.8
+)
 DOVECOTE_OUTBOX_MAX_ATTEMPTS = env.int("DOVECOTE_OUTBOX_MAX_ATTEMPTS", default=8)
 DOVECOTE_RETRY_BASE_SECONDS = env.float("DOVECOTE_RETRY_BASE_SECONDS", default=1.0)
 DOVECOTE_RETRY_MAX_SECONDS = env.float("DOVECOTE_RETRY_MAX_SECONDS", default=300.0)

@@ -3,13 +3,15 @@
 Run by celery-beat every DOVECOTE_SWEEP_INTERVAL_SECONDS (scheduled by the data migration
 reconciliation/0002, so `beat` needs no set-up). One sweep:
 
-1. returns inbox updates and consumer runs whose lease expired (worker died) to the queue;
+1. returns inbox updates and consumer runs whose lease expired (worker died) to the queue - a
+   run's lost attempt counts, and a run that lost its last one goes to the dead letters;
 2. moves outbox messages stuck in `sending` past their lease to retry (no request started)
    or to the ambiguous path (`unknown` + a reconciliation case);
 3. resends `unknown` messages whose policy is `resend`, after
    DOVECOTE_AMBIGUOUS_RESEND_DELAY_SECONDS, recording that a duplicate is possible;
 4. cancels work past its max age with a reason (messages past `expires_at`, consumer runs
-   older than their consumer's `max_age`);
+   older than their consumer's `max_age`; such a run with a failure on record is dead-lettered
+   instead, reason `expired`);
 5. redispatches due rows whose broker message was lost - gradually for a destination whose
    circuit just closed, one probe for one whose circuit is open - and resumes a running bulk
    retry whose next tick was lost;
@@ -42,7 +44,6 @@ from django.utils import timezone
 
 from bots import registry
 from bots import services as bot_services
-from bots import transitions as bot_transitions
 from bots.models import Bot, ConsumerRun, InboundUpdate, RunState, UpdateState
 from outbox import chat_order, circuits, drain, policy, ratelimit
 from outbox import services as outbox_services
@@ -191,17 +192,27 @@ def _recover_inbox(now: datetime, report: dict[str, int]) -> None:
 
 
 def _recover_runs(now: datetime, report: dict[str, int]) -> None:
+    # A lost worker's run: that attempt failed. Retried with backoff, or dead-lettered when
+    # it was the last one (bots.services.consumer_run_recover_expired).
     for pk in _ids(runs_expired_qs(now), "lease_expires_at"):
-        if bot_transitions.release_expired_run(pk):
+        outcome = bot_services.consumer_run_recover_expired(pk)
+        if outcome == "released":
             report["runs_released"] += 1
-            bot_services.dispatch_run(pk)
-    # Runs older than their consumer's max age are not run late: cancelled with a reason.
+        elif outcome == "dead-lettered":
+            report["runs_dead_lettered"] += 1
+    # Runs older than their consumer's max age are not run late: cancelled with a reason, or
+    # dead-lettered when a failure is on record (bots.services.consumer_run_end_stale).
     for spec in registry.registered().values():
         cutoff = now - spec.max_age
-        for pk in _ids(runs_too_old_qs(spec.name, cutoff), "next_attempt_at"):
-            reason = f"older than the consumer's max age ({spec.max_age}); not run late"
-            if bot_transitions.cancel_run(pk, reason=reason):
+        runs = ConsumerRun.objects.select_related("update").filter(
+            pk__in=_ids(runs_too_old_qs(spec.name, cutoff), "next_attempt_at")
+        )
+        for run in runs:
+            outcome = bot_services.consumer_run_end_stale(run, spec=spec)
+            if outcome == "cancelled":
                 report["runs_cancelled_too_old"] += 1
+            elif outcome == "dead-lettered":
+                report["runs_dead_lettered_too_old"] += 1
     for pk in _ids(runs_due_qs(now), "next_attempt_at"):
         n = ConsumerRun.objects.filter(pk=pk, state__in=RUN_WAITING).update(next_attempt_at=now)
         if n and bot_services.dispatch_run(pk):
@@ -446,7 +457,9 @@ def sweep() -> dict[str, int]:
             "updates_redispatched",
             "updates_released",
             "runs_released",
+            "runs_dead_lettered",
             "runs_cancelled_too_old",
+            "runs_dead_lettered_too_old",
             "runs_redispatched",
             "messages_released",
             "messages_unknown",

@@ -156,6 +156,32 @@ def test_analytics_records_one_event_per_update_with_its_latency(bot) -> None:
     assert 3000 <= event.latency_ms < 5000
 
 
+@pytest.mark.django_db
+def test_analytics_times_an_edit_of_an_old_message_from_the_edit_not_the_original_date(bot) -> None:
+    now = int(timezone.now().timestamp())
+    edited = message_update(chat_id=7, text="typo fixed", message_id=3, date=now - 60 * 86400)
+    edited["edited_message"] = {**edited.pop("message"), "edit_date": now - 3}
+    update = receive(bot, edited)
+
+    assert execute(update, "analytics") == "done"
+
+    event = AnalyticsEvent.objects.get(update=update)
+    assert event.update_type == "edited_message"
+    assert 3000 <= event.latency_ms < 5000
+    assert event.message_date.timestamp() == now - 60 * 86400  # still the message's own date
+
+
+@pytest.mark.django_db
+def test_analytics_stores_no_latency_for_a_date_too_old_to_be_a_delivery_delay(bot) -> None:
+    update = receive(bot, message_update(chat_id=7, text="from 1970", message_id=4, date=1))
+
+    assert execute(update, "analytics") == "done"
+
+    event = AnalyticsEvent.objects.get(update=update)
+    assert event.latency_ms is None
+    assert event.message_date.year == 1970
+
+
 # --- replay, races, age ----------------------------------------------------------------------
 
 

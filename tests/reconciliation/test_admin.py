@@ -180,6 +180,44 @@ def test_the_update_payload_masks_names_and_usernames(bot, operator, developer) 
     assert "Alice" in logged_in(developer).get(url).content.decode()
 
 
+def _nest(depth: int, bottom: dict) -> dict:
+    """`bottom` inside `depth - 1` objects, built without recursion."""
+    value = bottom
+    for _ in range(depth - 1):
+        value = {"a": value}
+    return value
+
+
+@pytest.mark.parametrize("depth", [64, 500])
+def test_an_update_payload_of_any_stored_depth_renders_masked_and_in_full(bot, operator, developer, depth) -> None:
+    from bots.models import ConsumerRun, InboundUpdate
+    from tests.reconciliation.factories import stored_update
+
+    # 64 levels: as deep as the webhook accepts. 500: stored another way (a shell, the poller).
+    update = stored_update(bot)
+    bottom = {"note": "TheBottomLevel", "first_name": "Alice"}
+    InboundUpdate.objects.filter(pk=update.pk).update(payload={**update.payload, "deep": _nest(depth - 1, bottom)})
+    run = ConsumerRun.objects.create(
+        update=update, bot=bot, consumer="auto_reply", state="failed", next_attempt_at=timezone.now()
+    )
+    letter = DeadLetter.objects.create(bot=bot, consumer_run=run, consumer="auto_reply", reason_class="permanent")
+
+    for url in (reverse("admin:bots_inboundupdate_change", args=[update.pk]), change_url(letter)):
+        shown, masked = logged_in(developer).get(url), logged_in(operator).get(url)
+
+        assert shown.status_code == masked.status_code == 200, url
+        assert "Alice" not in masked.content.decode()
+        if depth <= 64:
+            assert "TheBottomLevel" in shown.content.decode()
+            assert "TheBottomLevel" in masked.content.decode()
+            assert "not shown" not in shown.content.decode()
+        else:
+            # pprint (the dead letter's story) wraps long strings at their spaces: word by word.
+            for page in (shown, masked):
+                assert all(word in page.content.decode() for word in ("deeper", "64", "levels,", "shown"))
+                assert "TheBottomLevel" not in page.content.decode()
+
+
 def test_the_changelist_filters_by_reason_and_age_shows_counts_and_searches(bot, operator) -> None:
     recent = failed_row(bot, reason_class=ErrorClass.PERMANENT, chat_id=9001)
     old = failed_row(bot, reason_class=ErrorClass.EXHAUSTED)

@@ -12,8 +12,9 @@ from django.db import connection, connections
 from django.test import override_settings
 from django.utils import timezone
 
+from bots import transitions as bot_transitions
 from bots.models import ConsumerRun, InboundUpdate, RunState, UpdateState
-from outbox.models import Attempt, Effect, EffectState, ErrorClass, OutboundMessage, State
+from outbox.models import Attempt, DeadLetter, Effect, EffectState, ErrorClass, OutboundMessage, State
 from reconciliation.models import CaseStatus, ReconciliationCase
 from reconciliation.sweeper import SWEEP_LOCK_KEY, sweep
 from tests.reconciliation.factories import message_row, open_attempt, stored_update
@@ -93,6 +94,96 @@ def test_a_consumer_run_whose_worker_died_is_retried(bot) -> None:
     assert sweep()["runs_released"] == 1
     run.refresh_from_db()
     assert (run.state, run.lease_owner) == (RunState.RETRY, "")
+
+
+def _lose_the_worker(run: ConsumerRun) -> None:
+    """A worker claims the run (as consumer_run_execute does) and dies or hangs: its lease runs out."""
+    ConsumerRun.objects.filter(pk=run.pk).update(next_attempt_at=timezone.now())
+    assert bot_transitions.claim_run(run.pk, worker="doomed:1", lease=timedelta(seconds=30))
+    ConsumerRun.objects.filter(pk=run.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+
+
+def test_each_lost_worker_spends_an_attempt_and_the_last_one_sends_the_run_to_the_dead_letters(bot) -> None:
+    update = stored_update(bot)
+    run = ConsumerRun.objects.create(
+        update=update,
+        bot=bot,
+        consumer="auto_reply",
+        max_attempts=3,
+        next_attempt_at=timezone.now(),
+        trace_id=update.trace_id,
+    )
+
+    for attempt in (1, 2):
+        _lose_the_worker(run)
+        report = sweep()
+        run.refresh_from_db()
+        assert (report["runs_released"], report["runs_dead_lettered"]) == (1, 0)
+        assert (run.state, run.attempts, run.last_error_class) == (RunState.RETRY, attempt, "transient")
+        assert "lease" in run.last_error
+        assert run.next_attempt_at > timezone.now()  # after the consumer's backoff, not at once
+        assert not DeadLetter.objects.exists()
+
+    _lose_the_worker(run)
+    report = sweep()
+    again = sweep()
+
+    run.refresh_from_db()
+    assert (report["runs_released"], report["runs_dead_lettered"]) == (0, 1)
+    assert again["runs_dead_lettered"] == 0
+    assert (run.state, run.attempts, run.last_error_class) == (RunState.FAILED, 3, "exhausted")
+    assert run.finished_at is not None
+    letter = DeadLetter.objects.get()
+    assert (letter.consumer_run_id, letter.consumer, letter.reason_class) == (run.pk, "auto_reply", "exhausted")
+    assert "lease" in letter.last_error
+    assert letter.trace_id == update.trace_id
+
+
+def test_a_lost_run_past_its_budget_is_never_cancelled_for_its_age(bot) -> None:
+    update = stored_update(bot)
+    InboundUpdate.objects.filter(pk=update.pk).update(received_at=timezone.now() - timedelta(days=2))
+    run = ConsumerRun.objects.create(
+        update=update,
+        bot=bot,
+        consumer="auto_reply",
+        max_attempts=1,
+        next_attempt_at=timezone.now(),
+        trace_id=update.trace_id,
+    )
+    _lose_the_worker(run)
+
+    report = sweep()
+
+    run.refresh_from_db()
+    assert (report["runs_dead_lettered"], report["runs_cancelled_too_old"]) == (1, 0)
+    assert run.state == RunState.FAILED
+    assert DeadLetter.objects.get(consumer_run=run).reason_class == "exhausted"
+
+
+def test_a_failed_run_older_than_its_consumers_max_age_goes_to_the_dead_letters_not_cancelled(bot) -> None:
+    update = stored_update(bot)
+    InboundUpdate.objects.filter(pk=update.pk).update(received_at=timezone.now() - timedelta(days=2))
+    run = ConsumerRun.objects.create(
+        update=update,
+        bot=bot,
+        consumer="auto_reply",
+        state=RunState.RETRY,
+        attempts=2,
+        next_attempt_at=timezone.now(),
+        last_error="worker lost: still running when its lease ran out",
+        last_error_class="transient",
+        trace_id=update.trace_id,
+    )
+
+    report = sweep()
+
+    run.refresh_from_db()
+    assert (report["runs_dead_lettered_too_old"], report["runs_cancelled_too_old"]) == (1, 0)
+    assert (run.state, run.last_error_class, run.cancel_reason) == (RunState.FAILED, "expired", "")
+    letter = DeadLetter.objects.get(consumer_run=run)
+    assert letter.reason_class == "expired"
+    assert letter.first_error == "worker lost: still running when its lease ran out"
+    assert "max age" in letter.last_error
 
 
 def test_a_consumer_run_older_than_its_consumers_max_age_is_cancelled_not_run_late(bot) -> None:
