@@ -193,7 +193,7 @@ def test_updates_whose_runs_failed_go_after_the_failed_retention_once_no_dead_le
     assert report["updates_pruned"] == 1
     assert set(InboundUpdate.objects.values_list("pk", flat=True)) == {updates[still_open.pk], updates[too_young.pk]}
     assert not ConsumerRun.objects.filter(update_id=updates[closed.pk]).exists()
-    assert DeadLetter.objects.filter(pk=still_open.pk, status=DeadLetterStatus.OPEN).exists()
+    assert set(DeadLetter.objects.values_list("pk", flat=True)) == {still_open.pk, too_young.pk}
 
 
 def test_inbound_payloads_past_retention_are_cut_to_the_update_id_and_still_deduplicate(bot) -> None:
@@ -305,3 +305,44 @@ def test_audit_entries_stay_by_default_and_go_only_when_a_retention_is_set(bot) 
     assert AuditEntry.objects.filter(pk=entry.pk).exists()
     with override_settings(DOVECOTE_AUDIT_RETENTION_DAYS=365):
         assert sweep()["audit_entries_pruned"] == 1
+
+
+# --------------------------------------------------------------------------- how rows are deleted
+def test_deleting_an_update_takes_its_runs_letters_and_analytics_and_unlinks_its_messages(bot) -> None:
+    from bots.models import AnalyticsEvent
+    from outbox.retention import delete_rows
+
+    letter = failed_run(bot)
+    DeadLetter.objects.filter(pk=letter.pk).update(status=DeadLetterStatus.RESOLVED)
+    update = letter.consumer_run.update
+    AnalyticsEvent.objects.create(bot=bot, update=update, received_at=update.received_at)
+    answer = message_row(bot, key="answer", state=State.SENT, source_update=update)
+    bystander = stored_update(bot)
+
+    assert delete_rows(InboundUpdate, [update.pk]) == 1
+
+    assert list(InboundUpdate.objects.values_list("pk", flat=True)) == [bystander.pk]
+    assert not ConsumerRun.objects.exists()
+    assert not DeadLetter.objects.exists()
+    assert not AnalyticsEvent.objects.exists()
+    answer.refresh_from_db()
+    assert answer.source_update_id is None
+
+
+def test_deleting_rows_with_a_delete_signal_receiver_goes_through_djangos_collector(bot) -> None:
+    from django.db.models.signals import post_delete
+
+    from outbox.retention import delete_rows
+
+    message = message_row(bot, key="watched", state=State.SENT)
+    seen: list[int] = []
+
+    def receiver(sender, instance, **kwargs) -> None:
+        seen.append(instance.pk)
+
+    post_delete.connect(receiver, sender=OutboundMessage, dispatch_uid="test-retention")
+    try:
+        assert delete_rows(OutboundMessage, [message.pk]) == 1
+    finally:
+        post_delete.disconnect(dispatch_uid="test-retention", sender=OutboundMessage)
+    assert seen == [message.pk]
