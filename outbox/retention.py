@@ -296,7 +296,8 @@ def tasks(now: datetime, *, keep_messages: Sequence[Exists] = (), keep_effects: 
     - failed and unknown ones after DOVECOTE_FAILED_RETENTION_DAYS, counted from their last
       change, and only once no dead letter of theirs is open (and, through `keep_messages`,
       no case): an operator's open work is never deleted.
-    0 days keeps rows of that kind for ever; no message goes before the ledger's cutoff.
+    A message retention of 0 days keeps those messages for ever; no message goes before the
+    ledger's cutoff.
     """
     payload_cutoff = now - timedelta(days=max(0, int(settings.DOVECOTE_PAYLOAD_RETENTION_DAYS)))
     result = [
