@@ -22,7 +22,7 @@ from django.db import IntegrityError, InterfaceError, OperationalError, connecti
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from outbox import circuits, policy, ratelimit, selectors, telegram, transitions
+from outbox import circuits, policy, ratelimit, retention, selectors, telegram, transitions
 from outbox.failpoints import failpoint
 from outbox.logging import current_trace_id
 from outbox.models import ErrorClass, OnAmbiguous, OutboundMessage, State
@@ -575,58 +575,14 @@ def _broadcast_slots(*, bot_id: int, method: str, send_at: datetime | None, n: i
     return ratelimit.reserve_slots(bot_id, rate, n, horizon=policy.MAX_BROKER_COUNTDOWN_SECONDS)
 
 
-# Payload keys that carry what a person wrote or who they are; purged after retention.
-PERSONAL_PAYLOAD_KEYS = frozenset(
-    {
-        "text",
-        "caption",
-        "reply_markup",
-        "entities",
-        "caption_entities",
-        "phone_number",
-        "first_name",
-        "last_name",
-        "vcard",
-        "question",
-        "options",
-        "explanation",
-        "latitude",
-        "longitude",
-        "address",
-        "title",
-        "media",
-        "photo",
-        "document",
-        "video",
-        "audio",
-        "voice",
-        "animation",
-        "sticker",
-    }
-)
-
-
 def outbound_messages_purge_payloads(*, older_than: datetime | None = None, batch_size: int = 500) -> int:
     """Blank the text, markup and captions of messages sent before `older_than` (default:
     DOVECOTE_PAYLOAD_RETENTION_DAYS ago). Metadata - chat, method, states, attempts, keys,
-    Telegram's message id - stays. Returns how many messages were purged. The sweeper runs it."""
+    Telegram's message id - stays. Returns how many messages were purged. The sweeper purges
+    in budgeted batches instead (outbox/retention.py)."""
     if older_than is None:
         older_than = timezone.now() - timedelta(days=settings.DOVECOTE_PAYLOAD_RETENTION_DAYS)
     purged = 0
-    while True:
-        batch = list(
-            OutboundMessage.objects.filter(state=State.SENT, sent_at__lt=older_than, payload_purged_at__isnull=True)
-            .only("pk", "payload", "result")
-            .order_by("sent_at")[:batch_size]
-        )
-        if not batch:
-            return purged
-        now = timezone.now()
-        for message in batch:
-            payload = message.payload if isinstance(message.payload, dict) else {}
-            message.payload = {k: v for k, v in payload.items() if k not in PERSONAL_PAYLOAD_KEYS}
-            message.result = None
-            message.payload_purged_at = now
-        # Sent is final, so nothing else writes these rows any more.
-        OutboundMessage.objects.bulk_update(batch, ["payload", "result", "payload_purged_at"])
-        purged += len(batch)
+    while n := retention.outbound_payloads_purge_batch(older_than, size=batch_size):
+        purged += n
+    return purged

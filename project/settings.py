@@ -240,8 +240,27 @@ DOVECOTE_SWEEP_INTERVAL_SECONDS = env.int("DOVECOTE_SWEEP_INTERVAL_SECONDS", def
 DOVECOTE_AMBIGUOUS_RESEND_DELAY_SECONDS = env.float("DOVECOTE_AMBIGUOUS_RESEND_DELAY_SECONDS", default=60.0)
 # A row due this long ago and not claimed is taken to have lost its broker message.
 DOVECOTE_REDISPATCH_GRACE_SECONDS = env.float("DOVECOTE_REDISPATCH_GRACE_SECONDS", default=30.0)
-# Payload purge and ledger pruning run at most this often (they scan history).
+# A retention pass (payload purges, pruning) runs at most this often once it has finished
+# everything; while a backlog is left, every sweep continues it (reconciliation/retention.py).
 DOVECOTE_RETENTION_INTERVAL_SECONDS = env.int("DOVECOTE_RETENTION_INTERVAL_SECONDS", default=3600)
+# One pass stops after this many seconds (checked between batches) so a sweep never holds beat
+# for long; each batch deletes or purges this many rows in its own transaction.
+DOVECOTE_RETENTION_BUDGET_SECONDS = env.float("DOVECOTE_RETENTION_BUDGET_SECONDS", default=20.0)
+DOVECOTE_RETENTION_BATCH_SIZE = env.int("DOVECOTE_RETENTION_BATCH_SIZE", default=2000)
+# Failed and unknown messages, and updates whose runs failed, are deleted this long after
+# their last change, and only once no dead letter or case of theirs is open; 0 keeps them.
+DOVECOTE_FAILED_RETENTION_DAYS = env.int("DOVECOTE_FAILED_RETENTION_DAYS", default=180)
+# A chat's reply guard is deleted after this long without an update (0 keeps them).
+DOVECOTE_CHAT_STATE_RETENTION_DAYS = env.int("DOVECOTE_CHAT_STATE_RETENTION_DAYS", default=90)
+# Decided reconciliation cases (and, while they are kept, their messages and effects); 0 keeps.
+DOVECOTE_CASE_RETENTION_DAYS = env.int("DOVECOTE_CASE_RETENTION_DAYS", default=180)
+# Operators' payload corrections hold text: by default they go with the payloads' retention.
+DOVECOTE_PAYLOAD_VERSION_RETENTION_DAYS = env.int(
+    "DOVECOTE_PAYLOAD_VERSION_RETENTION_DAYS", default=DOVECOTE_PAYLOAD_RETENTION_DAYS
+)
+DOVECOTE_BULK_RETRY_RETENTION_DAYS = env.int("DOVECOTE_BULK_RETRY_RETENTION_DAYS", default=90)
+# The audit log is kept for ever unless this says otherwise.
+DOVECOTE_AUDIT_RETENTION_DAYS = env.int("DOVECOTE_AUDIT_RETENTION_DAYS", default=0)
 
 # --- REST API ---------------------------------------------------------------------------
 REST_FRAMEWORK = {

@@ -15,10 +15,9 @@ reconciliation/0002, so `beat` needs no set-up). One sweep:
 5. redispatches due rows whose broker message was lost - gradually for a destination whose
    circuit just closed, one probe for one whose circuit is open - and resumes a running bulk
    retry whose next tick was lost;
-6. purges payloads past retention and prunes ledger (Effect) and dedupe (InboundUpdate)
-   rows older than DOVECOTE_LEDGER_RETENTION_DAYS (never under Telegram's 24 h), and sent or
-   cancelled messages older than DOVECOTE_OUTBOX_RETENTION_DAYS with their attempts - at
-   most once per DOVECOTE_RETENTION_INTERVAL_SECONDS (default 3600).
+6. runs a retention pass (reconciliation/retention.py): payload purges and pruning of every
+   app's old rows, in batches within DOVECOTE_RETENTION_BUDGET_SECONDS, once per
+   DOVECOTE_RETENTION_INTERVAL_SECONDS - or on the next tick again while a backlog is left.
 
 Two sweepers at once (two beats, a manual run): on PostgreSQL a session advisory lock lets
 one run and the other return at once; PostgreSQL drops the lock with the session, so a
@@ -39,7 +38,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, connection
-from django.db.models import Exists, F, OuterRef, Q, QuerySet
+from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
 from bots import registry
@@ -48,16 +47,14 @@ from bots.models import Bot, ConsumerRun, InboundUpdate, RunState, UpdateState
 from outbox import chat_order, circuits, drain, policy, ratelimit
 from outbox import services as outbox_services
 from outbox import transitions as outbox_transitions
-from outbox.idempotency import idempotency_records_prune
-from outbox.models import Circuit, CircuitState, Effect, EffectState, ErrorClass, OnAmbiguous, OutboundMessage, State
+from outbox.models import Circuit, CircuitState, ErrorClass, OnAmbiguous, OutboundMessage, State
+from reconciliation import retention, triage
 from reconciliation import services as reconciliation_services
-from reconciliation import triage
 from reconciliation.models import BulkRetry, BulkState, CaseStatus, ReconciliationCase
 
 logger = logging.getLogger(__name__)
 
 BATCH = 500
-PRUNE_BATCH = 1000
 # pg_advisory_lock key: "dove" in ASCII.
 SWEEP_LOCK_KEY = 0x646F7665
 WAITING = [State.PENDING, State.RETRY]
@@ -119,32 +116,6 @@ def messages_due_qs(
     if bot_id is not None:
         qs = qs.filter(bot_id=bot_id)
     return chat_order.heads(qs, now=now)
-
-
-def effects_prunable_qs(cutoff: datetime) -> QuerySet[Effect]:
-    # Unknown and started effects are kept: they have cases, or may still be running.
-    return Effect.objects.filter(created_at__lt=cutoff, state__in=[EffectState.DONE, EffectState.FAILED])
-
-
-def messages_prunable_qs(cutoff: datetime) -> QuerySet[OutboundMessage]:
-    """Sent and cancelled messages last changed before `cutoff`, with their attempts, and with
-    no open dead letter or case (failed and unknown messages are an operator's business)."""
-    from outbox.models import DeadLetter, DeadLetterStatus
-
-    open_letters = DeadLetter.objects.filter(message=OuterRef("pk"), status=DeadLetterStatus.OPEN)
-    open_cases = ReconciliationCase.objects.filter(message=OuterRef("pk"), status=CaseStatus.OPEN)
-    return OutboundMessage.objects.filter(state__in=[State.SENT, State.CANCELLED], updated_at__lt=cutoff).filter(
-        ~Exists(open_letters), ~Exists(open_cases)
-    )
-
-
-def updates_prunable_qs(cutoff: datetime, max_id: int) -> QuerySet[InboundUpdate]:
-    unfinished_runs = ConsumerRun.objects.filter(update=OuterRef("pk")).exclude(
-        state__in=[RunState.DONE, RunState.CANCELLED]
-    )
-    return InboundUpdate.objects.filter(id__lte=max_id, state=UpdateState.DONE, received_at__lt=cutoff).filter(
-        ~Exists(unfinished_runs)
-    )
 
 
 # --------------------------------------------------------------------------- the lock
@@ -362,67 +333,8 @@ def sweeper_last_run() -> datetime | None:
     return None if value is None else datetime.fromtimestamp(float(value), tz=UTC)
 
 
-def _boundary_id(model: Any, field: str, cutoff: datetime) -> int | None:
-    """The largest id whose `field` is before `cutoff`, by binary search on the primary
-    key (ids grow with time): ~log2(n) index lookups, no index on `field` needed."""
-    first = model.objects.order_by("pk").values_list("pk", field).first()
-    if first is None or first[1] >= cutoff:
-        return None
-    lo = first[0]
-    hi = model.objects.order_by("-pk").values_list("pk", flat=True).first()
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        row = model.objects.filter(pk__gte=mid).order_by("pk").values_list("pk", field).first()
-        if row is not None and row[1] < cutoff:
-            lo = row[0]  # >= mid: progress even across gaps in the ids
-        else:
-            hi = mid - 1
-    return lo
-
-
-def _retention_due() -> bool:
-    """Retention is hourly work, not every tick's: the payload purge scans sent history.
-    A Redis key with a TTL (SET NX EX) lets one sweep per interval do it; without Redis
-    (the demo) or with Redis down, every sweep does."""
-    interval = int(getattr(settings, "DOVECOTE_RETENTION_INTERVAL_SECONDS", 3600))
-    if interval <= 0 or not settings.REDIS_URL:
-        return True
-    import redis
-
-    try:
-        client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
-        key = f"{getattr(settings, 'DOVECOTE_REDIS_PREFIX', '')}dovecote:sweeper:retention"
-        return bool(client.set(key, "1", nx=True, ex=interval))
-    except redis.RedisError:
-        return True
-
-
 def _retention(now: datetime, report: dict[str, int]) -> None:
-    if not _retention_due():
-        return
-    report["payloads_purged"] += outbox_services.outbound_messages_purge_payloads()
-    report["idempotency_records_pruned"] += idempotency_records_prune()
-    # Never under Telegram's 24 hours of update redelivery: a pruned dedupe row would let
-    # a redelivered update in twice.
-    days = max(1, int(settings.DOVECOTE_LEDGER_RETENTION_DAYS))
-    cutoff = now - timedelta(days=days)
-    ids = _ids(effects_prunable_qs(cutoff), "created_at", PRUNE_BATCH)
-    if ids:
-        report["effects_pruned"] += Effect.objects.filter(pk__in=ids).delete()[1].get("outbox.Effect", 0)
-    keep = int(getattr(settings, "DOVECOTE_OUTBOX_RETENTION_DAYS", 0))
-    if keep > 0:
-        # Never under the ledger's retention: a message's key must outlive the updates and
-        # effects that could ask for it again.
-        ids = _ids(messages_prunable_qs(now - timedelta(days=max(keep, days))), "updated_at", PRUNE_BATCH)
-        if ids:
-            deleted = OutboundMessage.objects.filter(pk__in=ids).delete()[1]
-            report["messages_pruned"] += deleted.get("outbox.OutboundMessage", 0)
-    boundary = _boundary_id(InboundUpdate, "received_at", cutoff)
-    if boundary is not None:
-        ids = _ids(updates_prunable_qs(cutoff, boundary), "pk", PRUNE_BATCH)
-        if ids:
-            deleted = InboundUpdate.objects.filter(pk__in=ids).delete()[1]
-            report["updates_pruned"] += deleted.get("bots.InboundUpdate", 0)
+    retention.retention_pass(now, report)
 
 
 def bulk_retries_stalled_qs(now: datetime) -> QuerySet[BulkRetry]:
@@ -476,6 +388,13 @@ def sweep() -> dict[str, int]:
             "effects_pruned",
             "messages_pruned",
             "updates_pruned",
+            "inbound_payloads_purged",
+            "chat_states_pruned",
+            "cases_pruned",
+            "payload_versions_pruned",
+            "bulk_retries_pruned",
+            "audit_entries_pruned",
+            "retention_unfinished",
         ),
         0,
     )
