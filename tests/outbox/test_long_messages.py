@@ -4,9 +4,11 @@ dead letter at once. Real PostgreSQL, the sandbox over HTTP, the REST API in-pro
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from django.contrib.auth import get_user_model
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
@@ -77,6 +79,28 @@ def test_the_same_key_twice_creates_the_parts_once_and_returns_the_first(bot) ->
     assert (created_first, created_again) == (True, False)
     assert again.pk == first.pk
     assert OutboundMessage.objects.filter(bot=bot).count() == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_workers_enqueueing_the_same_long_text_at_once_write_its_parts_once(bot) -> None:
+    start = threading.Barrier(2)
+    results: list[bool] = []
+
+    def enqueue() -> None:
+        try:
+            start.wait()
+            results.append(enqueue_long(bot)[1])
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=enqueue) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert sorted(results) == [False, True]
+    assert [m.idempotency_key for m in parts_of(bot)] == ["answer-1", "answer-1#2", "answer-1#3"]
 
 
 def test_parts_are_written_in_one_transaction(bot) -> None:
