@@ -217,6 +217,12 @@ def split_text(
     separators = _separators(text, spans)
     if entities is None:
         return Split([Part(text[a:b]) for a, b in spans], separators)
+    if not all(
+        isinstance(e, dict)
+        and all(isinstance(e.get(k), int) and not isinstance(e.get(k), bool) for k in ("offset", "length"))
+        for e in entities
+    ):
+        raise CannotSplit("entities must be objects with integer offset and length")
     rebased = _rebase(entities, [(cum[a], cum[b]) for a, b in spans])
     return Split([Part(text[a:b], ents) for (a, b), ents in zip(spans, rebased, strict=True)], separators)
 
@@ -306,12 +312,11 @@ def split_message_payload(payload: dict[str, Any], *, limit: int = TEXT_LIMIT) -
     protect_content, message_thread_id, link_preview_options, ...); the reply target and a
     message effect go with the first part, `reply_markup` (buttons) with the last."""
     text = payload["text"]
-    entities = payload.get("entities")
+    entities, parse_mode = payload.get("entities"), payload.get("parse_mode")
+    if parse_mode is not None and not isinstance(parse_mode, str):
+        raise CannotSplit("parse_mode must be a string")
     split = split_text(
-        text,
-        limit=limit,
-        entities=entities if isinstance(entities, list) else None,
-        parse_mode=payload.get("parse_mode"),
+        text, limit=limit, entities=entities if isinstance(entities, list) else None, parse_mode=parse_mode
     )
     if len(split.parts) == 1:
         return [payload]

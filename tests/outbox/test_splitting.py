@@ -329,3 +329,16 @@ def test_part_keys_derive_from_the_key_and_fit_255_characters() -> None:
     assert len(long) <= 255
     assert long.endswith("#12")
     assert long == part_key("k" * 255, 12) != part_key("k" * 254 + "j", 12)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"text": "word " * 1000, "parse_mode": 5},
+        {"text": "word " * 1000, "entities": [{"type": "bold", "offset": "0", "length": 3}]},
+        {"text": "word " * 1000, "entities": ["bold"]},
+    ],
+)
+def test_malformed_options_of_a_text_to_split_are_refused_clearly(payload) -> None:
+    with pytest.raises(CannotSplit, match="must be"):
+        split_message_payload(payload)
