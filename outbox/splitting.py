@@ -142,6 +142,8 @@ def _spans(text: str, cum: list[int], limit: int, atomic: set[int]) -> list[tupl
         begin = runs[0][1]
     if runs and runs[-1][1] == len(text):
         end = runs[-1][0]
+    if begin >= end:
+        raise CannotSplit("the text is only whitespace")
     spans: list[tuple[int, int]] = []
     pos = begin
     while cum[end] - cum[pos] > limit:
