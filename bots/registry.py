@@ -240,23 +240,29 @@ class ConsumerContext:
         key: str | None = None,
         **options: Any,
     ) -> OutboundMessage:
-        """Write an outbound message (once per key); the outbox delivers it."""
-        from outbox.services import outbound_message_enqueue
+        """Write an outbound message (once per key); the outbox delivers it. A text longer
+        than Telegram allows is split there into several messages; the first is returned.
+        A message the outbox refuses (a caption too long, ...) is a `PermanentError`:
+        running the consumer again would write the same message."""
+        from outbox.services import MessageRejected, outbound_message_enqueue
 
         key = key or self.idempotency_key()
         self._sent += 1
-        message, _ = outbound_message_enqueue(
-            bot_id=self.update.bot_id,
-            chat_id=chat_id,
-            method=method,
-            payload=payload,
-            idempotency_key=key,
-            trace_id=self.trace_id,
-            source_update_id=self.update.pk,
-            consumer=self.consumer,
-            user_id=self.update.user_id,
-            **options,
-        )
+        try:
+            message, _ = outbound_message_enqueue(
+                bot_id=self.update.bot_id,
+                chat_id=chat_id,
+                method=method,
+                payload=payload,
+                idempotency_key=key,
+                trace_id=self.trace_id,
+                source_update_id=self.update.pk,
+                consumer=self.consumer,
+                user_id=self.update.user_id,
+                **options,
+            )
+        except MessageRejected as exc:
+            raise PermanentError(f"the outbox refused the message: {exc}") from exc
         return message
 
     def reply(self, text: str, **payload: Any) -> OutboundMessage:

@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from outbox import chat_order
 from outbox.models import Circuit, CircuitState, OutboundMessage, State
+from outbox.splitting import MAX_PARTS, part_key
 
 
 def outbound_messages_due(*, overdue_by: timedelta = timedelta(0), limit: int = 500) -> QuerySet[OutboundMessage]:
@@ -32,6 +33,16 @@ def outbound_messages_stuck(*, limit: int = 500) -> QuerySet[OutboundMessage]:
 def earlier_open_message_exists(message: OutboundMessage) -> bool:
     """True when an earlier ordered message to the same chat must go first (outbox/chat_order.py)."""
     return chat_order.is_blocked(message, now=timezone.now())
+
+
+def outbound_message_part_ids(message: OutboundMessage) -> list[int]:
+    """The ids of the messages one enqueue wrote, in order: this message's alone, or - for
+    the first part of a split text - every part's (their keys derive from its key)."""
+    keys = {part_key(message.idempotency_key, n): n for n in range(2, MAX_PARTS + 1)}
+    rows = OutboundMessage.objects.filter(bot_id=message.bot_id, idempotency_key__in=list(keys)).values_list(
+        "idempotency_key", "id"
+    )
+    return [message.pk] + [pk for _, pk in sorted(rows, key=lambda row: keys[row[0]])]
 
 
 def next_open_message_in_chat(*, bot_id: int, chat_id: int) -> int | None:

@@ -22,7 +22,7 @@ from django.db import IntegrityError, InterfaceError, OperationalError, connecti
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from outbox import circuits, policy, ratelimit, retention, selectors, telegram, transitions
+from outbox import circuits, policy, ratelimit, retention, selectors, splitting, telegram, transitions
 from outbox.failpoints import failpoint
 from outbox.logging import current_trace_id
 from outbox.models import ErrorClass, OnAmbiguous, OutboundMessage, State
@@ -82,7 +82,9 @@ def limited_chat_id(message: OutboundMessage) -> int | None:
     return message.chat_id if message.method in CREATES_MESSAGE else None
 
 
-def _validate(method: str, chat_id: Any, payload: Any) -> None:
+def _validate(method: str, chat_id: Any, payload: Any, *, splittable: bool = False) -> None:
+    """Refuse what Telegram certainly would (lengths as Telegram counts them: UTF-16 units
+    after entity parsing). `splittable`: an over-long sendMessage is split by the caller."""
     if method not in SUPPORTED_METHODS:
         raise MessageRejected(f"unsupported Bot API method {method!r}", field="method")
     if isinstance(chat_id, bool) or not isinstance(chat_id, int):
@@ -93,12 +95,44 @@ def _validate(method: str, chat_id: Any, payload: Any) -> None:
         raise MessageRejected("payload must be a JSON object")
     if "chat_id" in payload:
         raise MessageRejected("give chat_id once, outside payload")
-    if method == "sendMessage":
+    if method in ("sendMessage", "editMessageText"):
         text = payload.get("text")
         if not isinstance(text, str) or not text.strip():
-            raise MessageRejected("sendMessage needs a non-empty text")
-        if len(text) > 4096:
-            raise MessageRejected("text is longer than Telegram's 4096 characters")
+            raise MessageRejected(f"{method} needs a non-empty text")
+        if method == "editMessageText":
+            why = "an edit cannot be split into several messages"
+            _check_length(text, payload.get("parse_mode"), limit=splitting.TEXT_LIMIT, what="text", why=why)
+        elif not splittable:
+            why = "only a single message (outbound_message_enqueue) is split into parts"
+            _check_length(text, payload.get("parse_mode"), limit=splitting.TEXT_LIMIT, what="text", why=why)
+    _check_captions(method, payload)
+
+
+def _check_length(text: str, parse_mode: Any, *, limit: int, what: str, why: str) -> None:
+    length = splitting.visible_length(text, parse_mode if isinstance(parse_mode, str) else None)
+    if length > limit:
+        raise MessageRejected(f"the {what} is {length} UTF-16 units long; Telegram allows {limit} and {why}")
+
+
+def _check_captions(method: str, payload: dict[str, Any]) -> None:
+    items = [payload]
+    if method == "sendMediaGroup" and isinstance(payload.get("media"), list):
+        items += [item for item in payload["media"] if isinstance(item, dict)]
+    for item in items:
+        caption = item.get("caption")
+        if isinstance(caption, str):
+            why = "a caption cannot be split"
+            _check_length(caption, item.get("parse_mode"), limit=splitting.CAPTION_LIMIT, what="caption", why=why)
+
+
+def _parts(method: str, payload: dict[str, Any]) -> list[dict[str, Any]]:
+    """The payloads to store for one enqueue: one, or the parts of an over-long sendMessage."""
+    if method != "sendMessage":
+        return [payload]
+    try:
+        return splitting.split_message_payload(payload)
+    except splitting.CannotSplit as exc:
+        raise MessageRejected(f"the text is too long for one message: {exc}") from exc
 
 
 def _validate_options(
@@ -132,16 +166,22 @@ def outbound_message_enqueue(
     """Write a message to the outbox (once per key) and dispatch it after commit.
 
     Returns (message, created). The same key returns the stored message untouched.
+
+    A sendMessage longer than Telegram allows (4,096 UTF-16 units after entity parsing) is
+    split (outbox/splitting.py) into ordered messages written in one transaction: the first
+    keeps `idempotency_key` and is the one returned, part n gets `splitting.part_key(key, n)`.
+    The same key again finds the first part and creates nothing.
     """
-    _validate(method, chat_id, payload)
+    _validate(method, chat_id, payload, splittable=True)
     _validate_options(
         idempotency_key=idempotency_key, send_at=send_at, expires_at=expires_at, on_ambiguous=on_ambiguous
     )
+    payloads = _parts(method, payload)
     now = timezone.now()
     defaults = {
         "chat_id": chat_id,
         "method": method,
-        "payload": payload,
+        "payload": payloads[0],
         "trace_id": trace_id or current_trace_id.get(),
         "source_update_id": source_update_id,
         "consumer": consumer,
@@ -149,21 +189,46 @@ def outbound_message_enqueue(
         "send_at": send_at,
         "expires_at": expires_at,
         "on_ambiguous": on_ambiguous,
-        "ordered": ordered,
+        # The parts of one text go in order whatever the caller asked for.
+        "ordered": ordered or len(payloads) > 1,
         "max_attempts": max_attempts or settings.DOVECOTE_OUTBOX_MAX_ATTEMPTS,
         "next_attempt_at": max(send_at, now) if send_at else now,
     }
+    messages: list[OutboundMessage] = []
     try:
         with transaction.atomic():
             message, created = OutboundMessage.objects.get_or_create(
                 bot_id=bot_id, idempotency_key=idempotency_key, defaults=defaults
             )
+            messages.append(message)
+            if created:
+                # Inserted one by one, so that ids - the chat's send order - follow the text.
+                messages += [
+                    OutboundMessage.objects.create(
+                        bot_id=bot_id,
+                        idempotency_key=splitting.part_key(idempotency_key, n),
+                        **(defaults | {"payload": p}),
+                    )
+                    for n, p in enumerate(payloads[1:], start=2)
+                ]
     except IntegrityError:
         # A concurrent insert with the same key won the race.
-        message, created = OutboundMessage.objects.get(bot_id=bot_id, idempotency_key=idempotency_key), False
+        first = OutboundMessage.objects.filter(bot_id=bot_id, idempotency_key=idempotency_key).first()
+        if first is None:
+            # Not the first key: a part's key belongs to another message.
+            raise MessageRejected(
+                f"the keys of this message's parts ({idempotency_key}#2, ...) are taken by other messages",
+                field="idempotency_key",
+            ) from None
+        return first, False
     if created:
         delay = max(0.0, (message.next_attempt_at - now).total_seconds())
-        transaction.on_commit(lambda: dispatch(message.pk, bot_id=message.bot_id, countdown=delay))
+
+        def dispatch_all() -> None:
+            for row in messages:
+                dispatch(row.pk, bot_id=row.bot_id, countdown=delay)
+
+        transaction.on_commit(dispatch_all)
     return message, created
 
 

@@ -350,3 +350,99 @@ def test_a_model_that_times_out_is_retried_later(bot_factory, model: FakeOpenAI)
     finally:
         release.set()
     assert "unreachable" in run_of(update, "auto_reply").last_error
+
+
+# --- replies longer than Telegram allows -----------------------------------------------------
+
+
+def _joined_with_one_cut(parts: list[str], full: str) -> bool:
+    """The parts are `full` cut once, the whitespace at the cut removed."""
+    first, second = parts
+    return full.startswith(first) and full.endswith(second) and not full[len(first) : -len(second)].strip()
+
+
+@pytest.mark.django_db
+def test_an_echo_of_a_4090_character_message_arrives_as_two_messages_in_order(bot, sandbox) -> None:
+    # 4,090 characters, five of them emoji: 4,095 UTF-16 units, which Telegram accepts from a
+    # person; "Echo: " makes the answer 4,101 units, over Telegram's 4,096.
+    original = "😀" * 5 + " " + ("abcd " * 1000)[:4084]
+    assert len(original) == 4090
+    update = receive(bot, message_update(chat_id=77, text=original, message_id=1))
+
+    assert execute(update, "auto_reply") == "done"
+    assert deliver(bot) == ["sent", "sent"]
+
+    texts = sandbox.sent_texts(token=bot.token, chat_id=77)
+    assert len(texts) == 2
+    assert all(len(t.encode("utf-16-le")) // 2 <= 4096 for t in texts)
+    assert _joined_with_one_cut(texts, "Echo: " + original)
+    assert run_of(update, "auto_reply").state == RunState.DONE
+    assert not DeadLetter.objects.exists()
+    messages = list(OutboundMessage.objects.order_by("pk"))
+    assert [m.idempotency_key for m in messages] == [
+        f"upd:{update.update_id}:auto_reply:0",
+        f"upd:{update.update_id}:auto_reply:0#2",
+    ]
+    assert messages[0].telegram_message_id < messages[1].telegram_message_id
+
+    # The run again (a redelivered task) writes nothing new and sends nothing twice.
+    assert consumer_run_execute(run_of(update, "auto_reply").pk) == "not-waiting"
+    assert deliver(bot) == []
+
+
+@pytest.mark.django_db
+@override_settings(DOVECOTE_REPLY_DEBOUNCE_SECONDS=0.3)
+def test_a_coalesced_burst_longer_than_one_message_is_answered_in_parts_cut_between_messages(bot, sandbox) -> None:
+    first_text, second_text = "a" * 3000, "b" * 3000
+    first = receive(bot, message_update(chat_id=78, text=first_text, message_id=1))
+    second = receive(bot, message_update(chat_id=78, text=second_text, message_id=2))
+    assert execute(first, "auto_reply") == "done"  # coalesced into the second's answer
+    assert execute(second, "auto_reply") == "deferred"
+    run = run_of(second, "auto_reply")
+    time.sleep(max(0.0, (run.next_attempt_at - timezone.now()).total_seconds()) + 0.02)
+
+    assert execute(second, "auto_reply") == "done"
+    assert deliver(bot) == ["sent", "sent"]
+
+    # The echo is one line per message: the cut falls at the line break between them.
+    assert sandbox.sent_texts(token=bot.token, chat_id=78) == ["Echo: " + first_text, second_text]
+    assert run_of(second, "auto_reply").outcome == "answered 2"
+    assert not DeadLetter.objects.exists()
+
+
+@pytest.fixture
+def long_caption_consumer() -> Iterator[None]:
+    @registry.consumer("long_caption", update_types=["message"])
+    def long_caption(ctx: registry.ConsumerContext) -> None:
+        ctx.send(chat_id=ctx.update.chat_id, method="sendPhoto", payload={"photo": "f", "caption": "x" * 1025})
+
+    yield
+    registry.unregister("long_caption")
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("long_caption_consumer")
+def test_a_reply_the_outbox_refuses_dead_letters_the_run_at_once_instead_of_retrying(bot) -> None:
+    update = receive(bot, message_update(chat_id=79, text="photo please", message_id=1))
+
+    assert execute(update, "long_caption") == "dead-lettered"
+
+    run = run_of(update, "long_caption")
+    assert (run.state, run.attempts) == (RunState.FAILED, 1)
+    letter = DeadLetter.objects.get(consumer_run=run)
+    assert letter.reason_class == "permanent"
+    assert "Telegram allows 1024" in letter.last_error
+    assert not OutboundMessage.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_long_model_answer_is_sent_whole_in_parts_not_cut_off(bot_factory, sandbox, model: FakeOpenAI) -> None:
+    shop = bot_factory(responder="openai", openai_model="shop-model-7b")
+    model.reply = "First paragraph. " * 200 + "\n\n" + "Second paragraph. " * 100 + "The end."
+    with override_settings(OPENAI_BASE_URL=model.base_url):
+        update = receive(shop, message_update(chat_id=80, text="Tell me everything", message_id=1))
+        assert execute(update, "auto_reply") == "done"
+        assert deliver(shop) == ["sent", "sent"]
+
+    texts = sandbox.sent_texts(token=shop.token, chat_id=80)
+    assert texts == [("First paragraph. " * 200).strip(), "Second paragraph. " * 100 + "The end."]

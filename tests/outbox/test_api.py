@@ -117,7 +117,9 @@ def test_two_clients_may_use_the_same_key(alice, bot) -> None:
         ({"method": "launchRocket"}, "method"),
         ({"payload": "text"}, "payload"),
         ({"payload": {"text": ""}}, "payload"),
-        ({"payload": {"text": "x" * 4097}}, "payload"),
+        # A long text is split (tests/outbox/test_long_messages.py); a long caption cannot be.
+        ({"method": "sendPhoto", "payload": {"photo": "f", "caption": "x" * 1025}}, "payload"),
+        ({"payload": {"text": "*x* " * 3000, "parse_mode": "MarkdownV2"}}, "payload"),
         ({"on_ambiguous": "maybe"}, "on_ambiguous"),
         ({"send_at": "tomorrow"}, "send_at"),
         ({"send_at": "2030-01-02T00:00:00Z", "expires_at": "2030-01-01T00:00:00Z"}, "expires_at"),
