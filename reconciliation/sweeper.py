@@ -101,9 +101,17 @@ def messages_expired_qs(now: datetime) -> QuerySet[OutboundMessage]:
 
 
 def messages_to_auto_resend_qs(now: datetime) -> QuerySet[OutboundMessage]:
+    """Unknown messages the `resend` policy may still resend: a message whose budget is
+    spent, or without an open case, stays unknown for good and would otherwise hold the
+    head of this queue (oldest first, BATCH at a time) against the ones behind it."""
     delay = timedelta(seconds=settings.DOVECOTE_AMBIGUOUS_RESEND_DELAY_SECONDS)
+    open_case = ReconciliationCase.objects.filter(message=OuterRef("pk"), status=CaseStatus.OPEN)
     return OutboundMessage.objects.filter(
-        state=State.UNKNOWN, updated_at__lte=now - delay, on_ambiguous=OnAmbiguous.RESEND
+        reconciliation_services.RESEND_BUDGET_LEFT,
+        Exists(open_case),
+        state=State.UNKNOWN,
+        updated_at__lte=now - delay,
+        on_ambiguous=OnAmbiguous.RESEND,
     )
 
 
