@@ -566,13 +566,22 @@ def _broadcast_slots(*, bot_id: int, method: str, send_at: datetime | None, n: i
     """Rate-limit slots for a broadcast due now, reserved in one go: each message is then
     dispatched once, for its slot, rather than once to ask for a slot and again to send
     (which queued thousands of slot requests ahead of the sends; docs/PERFORMANCE.md).
-    Messages past the horizon get none and take the usual path."""
+    Messages past the horizon get none and take the usual path; so do all of them when
+    Redis is unreachable."""
     if not settings.DOVECOTE_RATE_LIMITS_ENABLED or method not in CREATES_MESSAGE or send_at or n == 0:
         return []
     rate = selectors.bot_model().objects.filter(pk=bot_id).values_list("rate_limit", flat=True).first()
     if not rate:
         return []
-    return ratelimit.reserve_slots(bot_id, rate, n, horizon=policy.MAX_BROKER_COUNTDOWN_SECONDS)
+    import redis
+
+    try:
+        return ratelimit.reserve_slots(bot_id, rate, n, horizon=policy.MAX_BROKER_COUNTDOWN_SECONDS)
+    except redis.RedisError as exc:
+        # The broadcast is stored all the same: without slots its messages stay due in their
+        # rows, and the sweeper hands them to the drain once Redis answers again.
+        logger.warning("broadcast of bot %s stored without rate-limit slots: Redis unreachable: %s", bot_id, exc)
+        return []
 
 
 # Payload keys that carry what a person wrote or who they are; purged after retention.
