@@ -23,7 +23,7 @@ from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from outbox import circuits, policy, ratelimit, selectors, telegram, transitions
-from outbox.failpoints import failpoint
+from outbox.failpoints import failpoint, uncommitted
 from outbox.logging import current_trace_id
 from outbox.models import ErrorClass, OnAmbiguous, OutboundMessage, State
 from outbox.publishing import publish
@@ -282,8 +282,8 @@ def outbound_message_send(message_id: int, *, slot_reserved: bool = False) -> Se
     lease = timedelta(seconds=settings.DOVECOTE_SEND_LEASE_SECONDS)
     # The claim also checks that nobody changed the row since it was read (updated_at), so
     # the row in hand is what gets sent; otherwise claim as usual and read it again.
-    if not transitions.claim(message.pk, worker=worker, lease=lease, unchanged_since=message.updated_at):
-        if not transitions.claim(message.pk, worker=worker, lease=lease):
+    if not _claim(message.pk, worker=worker, lease=lease, unchanged_since=message.updated_at):
+        if not _claim(message.pk, worker=worker, lease=lease):
             return SendResult("claimed-elsewhere")
         failpoint("after_claim")
         message = OutboundMessage.objects.select_related("bot").get(pk=message.pk)
@@ -334,6 +334,14 @@ def with_outcome_write_retries(write: Callable[[], T], *, message_ids: list[int]
             connection.close()  # the next query opens a new connection
             time.sleep(delay)
     return write()
+
+
+def _claim(message_id: int, *, worker: str, lease: timedelta, unchanged_since: datetime | None = None) -> bool:
+    with uncommitted("before_claim_commit"):
+        claimed = transitions.claim(message_id, worker=worker, lease=lease, unchanged_since=unchanged_since)
+        if claimed:
+            failpoint("before_claim_commit")
+    return claimed
 
 
 # Refusals that come from Telegram itself, with a working token (not 401, not a 5xx or a
