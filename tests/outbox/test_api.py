@@ -68,6 +68,22 @@ def test_the_same_key_and_body_replays_the_first_answer_200(alice, bot) -> None:
     assert OutboundMessage.objects.count() == 1
 
 
+def test_replay_of_a_finished_request_after_its_message_was_sent_is_200_with_the_first_answer_and_sends_nothing(
+    alice, bot, sandbox
+) -> None:
+    first = post_message(alice, body_for(bot))
+    assert drive(first.json()["id"])[1].state == State.SENT
+
+    again = post_message(alice, body_for(bot))
+
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert again.json() == first.json()  # the first answer, not the message's state now
+    assert again["Idempotent-Replayed"] == "true"
+    assert OutboundMessage.objects.count() == 1
+    assert drive(first.json()["id"])[0].status == "not-waiting"
+    assert sandbox.sent_texts(token=bot.token) == ["Your order is confirmed"]
+
+
 def test_the_same_key_with_another_body_is_422(alice, bot) -> None:
     post_message(alice, body_for(bot))
     response = post_message(alice, body_for(bot, chat_id=9999))
