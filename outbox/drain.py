@@ -35,7 +35,7 @@ from django.db import connection
 from django.utils import timezone
 
 from outbox import circuits, policy, ratelimit, selectors, services, telegram, transitions
-from outbox.failpoints import failpoint
+from outbox.failpoints import failpoint, uncommitted
 from outbox.logging import current_trace_id
 from outbox.models import Attempt, Circuit, CircuitState, ErrorClass, OutboundMessage
 from outbox.publishing import publish
@@ -174,13 +174,16 @@ def outbound_messages_drain(bot_id: int, *, batch_size: int | None = None, extra
         if holds_key:
             _redis_quietly("pexpire", _wake_key(bot_id), WAKE_KEY_TTL_MS)
         circuit = Circuit.objects.filter(scope=services._circuit_scope(bot_id)).first()
-        messages = transitions.claim_batch(
-            bot_id=bot_id,
-            worker=worker,
-            lease=lease,
-            limit=size,
-            due_since=circuits.ramping_since(circuit, rate=bot.rate_limit),
-        )
+        with uncommitted("before_claim_commit"):
+            messages = transitions.claim_batch(
+                bot_id=bot_id,
+                worker=worker,
+                lease=lease,
+                limit=size,
+                due_since=circuits.ramping_since(circuit, rate=bot.rate_limit),
+            )
+            if messages:
+                failpoint("before_claim_commit")
         if not messages:
             if not holds_key:
                 return report

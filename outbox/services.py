@@ -23,7 +23,7 @@ from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from outbox import circuits, policy, ratelimit, retention, selectors, splitting, telegram, transitions
-from outbox.failpoints import failpoint
+from outbox.failpoints import failpoint, uncommitted
 from outbox.logging import current_trace_id
 from outbox.models import ErrorClass, OnAmbiguous, OutboundMessage, State
 from outbox.publishing import publish
@@ -347,8 +347,8 @@ def outbound_message_send(message_id: int, *, slot_reserved: bool = False) -> Se
     lease = timedelta(seconds=settings.DOVECOTE_SEND_LEASE_SECONDS)
     # The claim also checks that nobody changed the row since it was read (updated_at), so
     # the row in hand is what gets sent; otherwise claim as usual and read it again.
-    if not transitions.claim(message.pk, worker=worker, lease=lease, unchanged_since=message.updated_at):
-        if not transitions.claim(message.pk, worker=worker, lease=lease):
+    if not _claim(message.pk, worker=worker, lease=lease, unchanged_since=message.updated_at):
+        if not _claim(message.pk, worker=worker, lease=lease):
             return SendResult("claimed-elsewhere")
         failpoint("after_claim")
         message = OutboundMessage.objects.select_related("bot").get(pk=message.pk)
@@ -399,6 +399,14 @@ def with_outcome_write_retries(write: Callable[[], T], *, message_ids: list[int]
             connection.close()  # the next query opens a new connection
             time.sleep(delay)
     return write()
+
+
+def _claim(message_id: int, *, worker: str, lease: timedelta, unchanged_since: datetime | None = None) -> bool:
+    with uncommitted("before_claim_commit"):
+        claimed = transitions.claim(message_id, worker=worker, lease=lease, unchanged_since=unchanged_since)
+        if claimed:
+            failpoint("before_claim_commit")
+    return claimed
 
 
 # Refusals that come from Telegram itself, with a working token (not 401, not a 5xx or a
@@ -631,13 +639,22 @@ def _broadcast_slots(*, bot_id: int, method: str, send_at: datetime | None, n: i
     """Rate-limit slots for a broadcast due now, reserved in one go: each message is then
     dispatched once, for its slot, rather than once to ask for a slot and again to send
     (which queued thousands of slot requests ahead of the sends; docs/PERFORMANCE.md).
-    Messages past the horizon get none and take the usual path."""
+    Messages past the horizon get none and take the usual path; so do all of them when
+    Redis is unreachable."""
     if not settings.DOVECOTE_RATE_LIMITS_ENABLED or method not in CREATES_MESSAGE or send_at or n == 0:
         return []
     rate = selectors.bot_model().objects.filter(pk=bot_id).values_list("rate_limit", flat=True).first()
     if not rate:
         return []
-    return ratelimit.reserve_slots(bot_id, rate, n, horizon=policy.MAX_BROKER_COUNTDOWN_SECONDS)
+    import redis
+
+    try:
+        return ratelimit.reserve_slots(bot_id, rate, n, horizon=policy.MAX_BROKER_COUNTDOWN_SECONDS)
+    except redis.RedisError as exc:
+        # The broadcast is stored all the same: without slots its messages stay due in their
+        # rows, and the sweeper hands them to the drain once Redis answers again.
+        logger.warning("broadcast of bot %s stored without rate-limit slots: Redis unreachable: %s", bot_id, exc)
+        return []
 
 
 def outbound_messages_purge_payloads(*, older_than: datetime | None = None, batch_size: int = 500) -> int:

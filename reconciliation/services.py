@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import transaction
+from django.db.models import F, Q
 from django.utils import timezone
 
 from outbox import effects
@@ -138,6 +139,11 @@ def case_cancel(case: ReconciliationCase, user: Any, reason: str) -> Reconciliat
     return case
 
 
+# The `resend` policy's budget: a message that has spent its attempts is never resent by
+# policy; its case waits for an operator. The sweeper's queue leaves such messages out.
+RESEND_BUDGET_LEFT = Q(attempts__lt=F("max_attempts"))
+
+
 def case_auto_resend(case: ReconciliationCase, *, delay_seconds: float) -> bool:
     """Policy `resend`: queue the message again with the same key and record on the case
     that a duplicate is possible. False if the case or message moved on meanwhile."""
@@ -150,7 +156,8 @@ def case_auto_resend(case: ReconciliationCase, *, delay_seconds: float) -> bool:
         if message is None or message.state != State.UNKNOWN:
             return False
         if message.attempts >= message.max_attempts:
-            # The budget is spent: never resend forever; the case waits for an operator.
+            # The budget is spent (RESEND_BUDGET_LEFT): never resend forever; the case waits
+            # for an operator.
             return False
         if not outbox_services.outbound_message_resend(message.pk, from_states=[State.UNKNOWN]):
             return False

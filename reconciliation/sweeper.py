@@ -38,7 +38,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, connection
-from django.db.models import F, Q, QuerySet
+from django.db.models import Exists, F, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from bots import registry
@@ -99,9 +99,17 @@ def messages_expired_qs(now: datetime) -> QuerySet[OutboundMessage]:
 
 
 def messages_to_auto_resend_qs(now: datetime) -> QuerySet[OutboundMessage]:
+    """Unknown messages the `resend` policy may still resend: a message whose budget is
+    spent, or without an open case, stays unknown for good and would otherwise hold the
+    head of this queue (oldest first, BATCH at a time) against the ones behind it."""
     delay = timedelta(seconds=settings.DOVECOTE_AMBIGUOUS_RESEND_DELAY_SECONDS)
+    open_case = ReconciliationCase.objects.filter(message=OuterRef("pk"), status=CaseStatus.OPEN)
     return OutboundMessage.objects.filter(
-        state=State.UNKNOWN, updated_at__lte=now - delay, on_ambiguous=OnAmbiguous.RESEND
+        reconciliation_services.RESEND_BUDGET_LEFT,
+        Exists(open_case),
+        state=State.UNKNOWN,
+        updated_at__lte=now - delay,
+        on_ambiguous=OnAmbiguous.RESEND,
     )
 
 

@@ -186,7 +186,7 @@ def test_analytics_stores_no_latency_for_a_date_too_old_to_be_a_delivery_delay(b
 
 
 @pytest.mark.django_db
-def test_replaying_a_done_update_does_nothing(bot, sandbox) -> None:
+def test_replay_of_a_finished_update_gets_no_second_reply_and_runs_nothing_again(bot, sandbox) -> None:
     payload = message_update(chat_id=31, text="once", message_id=1)
     update = receive(bot, payload)
     for consumer in ("auto_reply", "analytics"):
@@ -203,6 +203,58 @@ def test_replaying_a_done_update_does_nothing(bot, sandbox) -> None:
     assert OutboundMessage.objects.count() == 1
     assert AnalyticsEvent.objects.count() == 1
     assert sandbox.sent_texts(token=bot.token) == ["Echo: once"]
+
+
+@pytest.fixture
+def booking() -> Iterator[list[str]]:
+    """A consumer behind an inline button "Book table 4": it books (an effect, once per
+    press) and answers in the chat. Returns the keys of the bookings made."""
+    booked: list[str] = []
+
+    @registry.consumer("booking", update_types=["callback_query"])
+    def booking(ctx: registry.ConsumerContext) -> str:
+        press = ctx.update.payload["callback_query"]
+        ctx.effect("book", lambda handle: booked.append(handle.key) or {"table": press["data"]})
+        ctx.send(chat_id=ctx.update.chat_id, method="answerCallbackQuery", payload={"callback_query_id": press["id"]})
+        ctx.reply(f"Booked: {press['data']}")
+        return "booked"
+
+    yield booked
+    registry.unregister("booking")
+
+
+@pytest.mark.django_db
+def test_a_key_per_press_not_per_chat_and_button_the_same_button_pressed_again_tomorrow_gets_a_new_answer(
+    bot, sandbox, booking: list[str]
+) -> None:
+    today = sandbox.push_callback(bot.token, chat_id=44, data="table-4", message_id=1)["update"]
+    first = receive(bot, today)
+    assert execute(first, "booking") == "done"
+    assert deliver(bot) == ["sent", "sent"]
+
+    # The next day the same person presses the same button in the same chat: a new
+    # callback query, a new intentional command. A key per chat and button would swallow it.
+    tomorrow = sandbox.push_callback(bot.token, chat_id=44, data="table-4", message_id=1)["update"]
+    assert tomorrow["callback_query"]["id"] != today["callback_query"]["id"]
+    second = receive(bot, tomorrow)
+    assert execute(second, "booking") == "done"
+    assert deliver(bot) == ["sent", "sent"]
+
+    assert sandbox.sent_texts(token=bot.token, chat_id=44) == ["Booked: table-4", "Booked: table-4"]
+    answered = sandbox.calls(token=bot.token, method="answerCallbackQuery")
+    assert [c["params"]["callback_query_id"] for c in answered] == [
+        today["callback_query"]["id"],
+        tomorrow["callback_query"]["id"],
+    ]
+    assert len(set(booking)) == 2  # two bookings, each under its own key
+    keys = set(OutboundMessage.objects.filter(bot=bot).values_list("idempotency_key", flat=True))
+    assert len(keys) == 4
+
+    # While a replay of either press (a redelivered update) does nothing at all.
+    assert inbox_update_store(bot=bot, payload=tomorrow)[1] is False
+    assert consumer_run_execute(run_of(second, "booking").pk) == "not-waiting"
+    assert deliver(bot) == []
+    assert len(booking) == 2
 
 
 @pytest.fixture

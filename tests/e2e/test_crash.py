@@ -1,4 +1,5 @@
-"""The four restart points of seed 004, with real processes: a Celery worker (``-P solo``,
+"""Crashes around the restart points of seed 004 (one test per point, named after it, is in
+test_restart_points.py), with real processes: a Celery worker (``-P solo``,
 so a SIGKILL takes the whole worker down), the Bot API sandbox over HTTP, PostgreSQL and
 Redis. The worker kills itself at a named failpoint (DOVECOTE_FAILPOINTS) or is killed by
 the test; the sweeper then runs in-process instead of waiting for beat.
