@@ -9,6 +9,10 @@ def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
     from django.core.management import execute_from_command_line
 
+    from project.failclosed import load_settings_or_exit
+
+    load_settings_or_exit()
+
     execute_from_command_line(sys.argv)
 
 

@@ -7,7 +7,7 @@ class BotsConfig(AppConfig):
 
     def ready(self) -> None:
         # Consumers register themselves on import; discover every app's consumers.py.
-        from bots import signals  # noqa: F401 - connects the Celery trace receivers
+        from bots import checks, signals  # noqa: F401 - registers the checks, connects the Celery receivers
         from bots.registry import autodiscover
 
         autodiscover()

@@ -97,15 +97,32 @@ def crm_webhook(ctx: ConsumerContext) -> str:
     return "sent-to-crm"
 
 
+# latency_ms is a 32-bit column (about 24.8 days). Telegram keeps an undelivered update for 24
+# hours, so a longer "latency" is not one (a bad date): stored as unknown.
+_MAX_LATENCY_MS = 2**31 - 1
+
+
+def _timestamp(value: Any) -> datetime | None:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 2**37:
+        return datetime.fromtimestamp(value, tz=UTC)
+    return None
+
+
 @consumer("analytics", max_attempts=3)
 def analytics(ctx: ConsumerContext) -> str:
-    """One event row per update: type, chat, and latency from Telegram's message date
-    (whole seconds) to receipt."""
+    """One event row per update: type, chat, and latency from Telegram's date to receipt
+    (whole seconds). An edit is timed from its `edit_date`: its `date` is the original
+    message's, which may be months old."""
     update = ctx.update
     body = update.payload.get(update.update_type)
-    date = body.get("date") if isinstance(body, dict) else None
-    message_date = datetime.fromtimestamp(date, tz=UTC) if isinstance(date, int) and date > 0 else None
-    latency_ms = max(0, int((update.received_at - message_date).total_seconds() * 1000)) if message_date else None
+    body = body if isinstance(body, dict) else {}
+    message_date = _timestamp(body.get("date"))
+    happened_at = _timestamp(body.get("edit_date")) or message_date
+    latency_ms = None
+    if happened_at is not None:
+        latency_ms = max(0, int((update.received_at - happened_at).total_seconds() * 1000))
+        if latency_ms > _MAX_LATENCY_MS:
+            latency_ms = None
     AnalyticsEvent.objects.bulk_create(
         [
             AnalyticsEvent(

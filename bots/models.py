@@ -98,6 +98,11 @@ class InboundUpdate(models.Model):
     last_error = models.TextField(blank=True)
     received_at = models.DateTimeField(auto_now_add=True)
     processed_at = models.DateTimeField(null=True, blank=True)
+    payload_purged_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="The payload was cut to its update_id after DOVECOTE_PAYLOAD_RETENTION_DAYS; the columns stay.",
+    )
 
     class Meta:
         constraints = [
@@ -107,6 +112,8 @@ class InboundUpdate(models.Model):
             models.Index(fields=["next_attempt_at"], name="inbox_due_idx", condition=Q(state="new")),
             models.Index(fields=["lease_expires_at"], name="inbox_lease_idx", condition=Q(state="processing")),
             models.Index(fields=["bot", "chat_id", "-received_at"], name="inbox_chat_idx"),
+            # Payload retention: updates whose text is still kept, oldest first.
+            models.Index(fields=["received_at"], name="inbox_purge_idx", condition=Q(payload_purged_at__isnull=True)),
         ]
 
     def __str__(self) -> str:
@@ -163,6 +170,10 @@ class ConsumerRun(models.Model):
         indexes = [
             models.Index(fields=["next_attempt_at"], name="run_due_idx", condition=Q(state__in=["pending", "retry"])),
             models.Index(fields=["lease_expires_at"], name="run_lease_idx", condition=Q(state="running")),
+            # Retention: does this update still have a run to do? (only live runs indexed)
+            models.Index(
+                fields=["update"], name="run_unfinished_idx", condition=Q(state__in=["pending", "running", "retry"])
+            ),
         ]
 
     def __str__(self) -> str:
@@ -185,6 +196,8 @@ class ChatState(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["bot", "chat_id"], name="chatstate_unique_chat_per_bot"),
         ]
+        # Retention: chats quiet the longest, first.
+        indexes = [models.Index(fields=["updated_at"], name="chatstate_updated_idx")]
 
     def __str__(self) -> str:
         return f"chat {self.chat_id} of {self.bot_id}: answered up to {self.last_answered_message_id}"

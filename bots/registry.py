@@ -16,6 +16,11 @@ Raise `TransientError` to retry with backoff, `PermanentError` to dead-letter at
 transient (a bug is retried a few times, then dead-lettered). Raise `Defer(until)` to run
 again later without spending an attempt (auto-reply waits for a chat's burst this way).
 A string the consumer returns is stored on the run as its outcome.
+
+A run is interrupted after its consumer's `timeout` (default DOVECOTE_CONSUMER_TIMEOUT_SECONDS;
+Celery's soft time limit, so a prefork or gevent worker) and that counts as a failed, transient
+attempt. The timeout must be below DOVECOTE_CONSUMER_LEASE_SECONDS: past the lease the sweeper
+takes the run for lost and gives it to another worker.
 """
 
 from __future__ import annotations
@@ -107,6 +112,7 @@ class ConsumerSpec:
     backoff: Sequence[float] = DEFAULT_BACKOFF
     max_age: timedelta = timedelta(hours=24)
     enabled: Callable[[], bool] = field(default=lambda: True)
+    timeout: float | None = None
 
     def wants(self, update: InboundUpdate) -> bool:
         if not self.enabled():
@@ -114,6 +120,12 @@ class ConsumerSpec:
         if self.update_types is not None and update.update_type not in self.update_types:
             return False
         return self.chat_types is None or update.chat_type in self.chat_types
+
+    def time_limit(self) -> float:
+        """Seconds a run may take before it is interrupted (Celery's soft time limit)."""
+        from django.conf import settings
+
+        return float(self.timeout if self.timeout is not None else settings.DOVECOTE_CONSUMER_TIMEOUT_SECONDS)
 
     def delay_after(self, attempt: int) -> float:
         """Pause before the next attempt (1-based attempt just failed), with jitter."""
@@ -135,6 +147,7 @@ def consumer(
     backoff: Sequence[float] = DEFAULT_BACKOFF,
     max_age: timedelta = timedelta(hours=24),
     enabled: Callable[[], bool] | None = None,
+    timeout: float | None = None,
 ) -> Callable[[Callable[[ConsumerContext], Any]], Callable[[ConsumerContext], Any]]:
     """Register a consumer under a stable name (the name is stored in runs and keys)."""
 
@@ -150,6 +163,7 @@ def consumer(
             backoff=tuple(backoff),
             max_age=max_age,
             enabled=enabled or (lambda: True),
+            timeout=timeout,
         )
         return func
 
@@ -226,23 +240,29 @@ class ConsumerContext:
         key: str | None = None,
         **options: Any,
     ) -> OutboundMessage:
-        """Write an outbound message (once per key); the outbox delivers it."""
-        from outbox.services import outbound_message_enqueue
+        """Write an outbound message (once per key); the outbox delivers it. A text longer
+        than Telegram allows is split there into several messages; the first is returned.
+        A message the outbox refuses (a caption too long, ...) is a `PermanentError`:
+        running the consumer again would write the same message."""
+        from outbox.services import MessageRejected, outbound_message_enqueue
 
         key = key or self.idempotency_key()
         self._sent += 1
-        message, _ = outbound_message_enqueue(
-            bot_id=self.update.bot_id,
-            chat_id=chat_id,
-            method=method,
-            payload=payload,
-            idempotency_key=key,
-            trace_id=self.trace_id,
-            source_update_id=self.update.pk,
-            consumer=self.consumer,
-            user_id=self.update.user_id,
-            **options,
-        )
+        try:
+            message, _ = outbound_message_enqueue(
+                bot_id=self.update.bot_id,
+                chat_id=chat_id,
+                method=method,
+                payload=payload,
+                idempotency_key=key,
+                trace_id=self.trace_id,
+                source_update_id=self.update.pk,
+                consumer=self.consumer,
+                user_id=self.update.user_id,
+                **options,
+            )
+        except MessageRejected as exc:
+            raise PermanentError(f"the outbox refused the message: {exc}") from exc
         return message
 
     def reply(self, text: str, **payload: Any) -> OutboundMessage:

@@ -116,8 +116,8 @@ def openai(conversation: Conversation) -> str:
         raise TransientError(f"model endpoint answered without a message: {response.text[:200]}") from exc
     if not isinstance(content, str) or not content.strip():
         raise TransientError("model endpoint answered an empty message")
-    # Telegram's limit; a longer answer would be refused as a bad request.
-    return content.strip()[:4096]
+    # A long answer is not cut here: the outbox splits it into several messages.
+    return content.strip()
 
 
 _RESPONDERS: dict[str, Responder] = {"echo": echo, "openai": openai}

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
+from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
@@ -92,13 +94,25 @@ def dispatch_update(update_pk: int) -> bool:
     return publish(route_update, (update_pk,), what=f"update {update_pk}")
 
 
-def dispatch_run(run_pk: int, *, countdown: float = 0.0) -> bool:
+def dispatch_run(run_pk: int, *, countdown: float = 0.0, consumer: str | None = None) -> bool:
+    """Publish the run's task with its consumer's time limits: the soft limit interrupts the
+    consumer (a failed attempt, see consumer_run_execute); the hard one, at the lease, stops
+    a worker stuck past it, whose run the sweeper then recovers."""
     from bots.tasks import run_consumer
     from outbox.policy import MAX_BROKER_COUNTDOWN_SECONDS
 
     if countdown > MAX_BROKER_COUNTDOWN_SECONDS:
         return False  # the sweeper dispatches it when due
-    return publish(run_consumer, (run_pk,), countdown=countdown, what=f"consumer run {run_pk}")
+    if consumer is None:
+        consumer = ConsumerRun.objects.filter(pk=run_pk).values_list("consumer", flat=True).first()
+    spec = registry.get(consumer) if consumer else None
+    limits = {}
+    if spec is not None:
+        limits = {
+            "soft_time_limit": spec.time_limit(),
+            "time_limit": float(settings.DOVECOTE_CONSUMER_LEASE_SECONDS),
+        }
+    return publish(run_consumer, (run_pk,), countdown=countdown, what=f"consumer run {run_pk}", **limits)
 
 
 def inbox_update_route(update_pk: int) -> list[int]:
@@ -124,8 +138,9 @@ def inbox_update_route(update_pk: int) -> list[int]:
             for spec in registry.matching(update)
         ]
         ConsumerRun.objects.bulk_create(runs, ignore_conflicts=True)
-        run_ids = list(ConsumerRun.objects.filter(update=update).values_list("pk", flat=True))
-        transaction.on_commit(lambda: [dispatch_run(pk) for pk in run_ids])
+        created = list(ConsumerRun.objects.filter(update=update).values_list("pk", "consumer"))
+        run_ids = [pk for pk, _ in created]
+        transaction.on_commit(lambda: [dispatch_run(pk, consumer=name) for pk, name in created])
     logger.info(
         "update %s routed to %s",
         update.update_id,
@@ -153,12 +168,10 @@ def consumer_run_execute(run_pk: int) -> str:
     now = timezone.now()
     if run.next_attempt_at > now:
         # Delivered early (a broker countdown is not exact): come back when due.
-        dispatch_run(run.pk, countdown=(run.next_attempt_at - now).total_seconds())
+        dispatch_run(run.pk, countdown=(run.next_attempt_at - now).total_seconds(), consumer=spec.name)
         return "not-due"
     if run.update.received_at < now - spec.max_age:
-        reason = f"older than the consumer's max age ({spec.max_age}); not run late"
-        if transitions.cancel_run(run.pk, reason=reason):
-            logger.info("consumer %s on update %s cancelled: %s", spec.name, run.update.update_id, reason)
+        consumer_run_end_stale(run, spec=spec)
         return "too-old"
     circuit = _open_circuit(_consumer_scope(spec.name), now)
     if circuit is not None:
@@ -177,7 +190,7 @@ def consumer_run_execute(run_pk: int) -> str:
         returned = spec.func(ctx)
     except registry.Defer as exc:
         transitions.defer_run(run.pk, worker=worker, until=exc.until, reason=exc.reason)
-        dispatch_run(run.pk, countdown=max(0.0, (exc.until - timezone.now()).total_seconds()))
+        dispatch_run(run.pk, countdown=max(0.0, (exc.until - timezone.now()).total_seconds()), consumer=spec.name)
         return "deferred"
     except registry.AuthError as exc:
         delay = circuits.open_for_auth(_consumer_scope(spec.name), reason=str(exc))
@@ -185,14 +198,26 @@ def consumer_run_execute(run_pk: int) -> str:
             run.pk, worker=worker, delay=delay, error=str(exc), error_class="auth", free=True
         )
         logger.warning("consumer %s paused (auth) on update %s: %s", spec.name, run.update.update_id, exc)
-        dispatch_run(run.pk, countdown=delay)
+        dispatch_run(run.pk, countdown=delay, consumer=spec.name)
         return "paused"
     except registry.PermanentError as exc:
-        _dead_letter_run(run, worker=worker, error=_describe(exc), error_class="permanent")
-        logger.warning("consumer %s dead-lettered update %s: %s", spec.name, run.update.update_id, _describe(exc))
+        error = _describe(exc)
+        _dead_letter_run(
+            run,
+            lambda: transitions.fail_run(run.pk, worker=worker, error=error, error_class="permanent"),
+            error=error,
+            error_class="permanent",
+        )
+        logger.warning("consumer %s dead-lettered update %s: %s", spec.name, run.update.update_id, error)
         return "dead-lettered"
     except Exception as exc:  # noqa: BLE001 - a consumer's failure must not stop the others
-        error = _describe(exc)
+        # Celery's soft time limit lands here too (SoftTimeLimitExceeded, raised wherever the
+        # consumer was): a failed attempt like any other, named for what it was.
+        error = (
+            f"timed out: still running after the consumer's time limit of {spec.time_limit():g}s"
+            if isinstance(exc, SoftTimeLimitExceeded)
+            else _describe(exc)
+        )
         logger.warning(
             "consumer %s failed on update %s (attempt %s of %s): %s",
             spec.name,
@@ -202,11 +227,16 @@ def consumer_run_execute(run_pk: int) -> str:
             error,
         )
         if run.attempts >= run.max_attempts:
-            _dead_letter_run(run, worker=worker, error=error, error_class="exhausted")
+            _dead_letter_run(
+                run,
+                lambda: transitions.fail_run(run.pk, worker=worker, error=error, error_class="exhausted"),
+                error=error,
+                error_class="exhausted",
+            )
             return "dead-lettered"
         delay = spec.delay_after(run.attempts)
         transitions.schedule_run_retry(run.pk, worker=worker, delay=delay, error=error, error_class="transient")
-        dispatch_run(run.pk, countdown=delay)
+        dispatch_run(run.pk, countdown=delay, consumer=spec.name)
         return "retry"
     circuits.record_success(_consumer_scope(spec.name))
     outcome = returned if isinstance(returned, str) else "done"
@@ -228,10 +258,12 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:2000]
 
 
-def _dead_letter_run(run: ConsumerRun, *, worker: str, error: str, error_class: str) -> None:
+def _dead_letter_run(run: ConsumerRun, transition: Callable[[], bool], *, error: str, error_class: str) -> bool:
+    """Take the run to failed with `transition` and write its dead letter, in one transaction:
+    no failed run without a letter, no letter for a run another worker moved on."""
     with transaction.atomic():
-        if not transitions.fail_run(run.pk, worker=worker, error=error, error_class=error_class):
-            return
+        if not transition():
+            return False
         DeadLetter.objects.create(
             bot_id=run.bot_id,
             consumer_run=run,
@@ -243,6 +275,71 @@ def _dead_letter_run(run: ConsumerRun, *, worker: str, error: str, error_class: 
             chat_id=run.update.chat_id,
             idempotency_key=f"upd:{run.update.update_id}:{run.consumer}",
         )
+    return True
+
+
+LOST_RUN_ERROR = "worker lost: still running when its lease of {lease}s ran out (died, killed or hung)"
+
+
+def consumer_run_recover_expired(run_pk: int) -> str:
+    """A run still `running` past its lease: its worker died, was killed or hung. The claim
+    counted that attempt and it failed, so it is charged like any failure: with budget left
+    the run is retried after its consumer's backoff ("released"); with the budget spent it
+    goes to the dead letters with reason `exhausted` ("dead-lettered"), never back to the
+    queue. "" when the run was not (or no longer) expired."""
+    run = ConsumerRun.objects.select_related("update").filter(pk=run_pk).first()
+    if run is None:
+        return ""
+    current_trace_id.set(run.trace_id)
+    error = LOST_RUN_ERROR.format(lease=settings.DOVECOTE_CONSUMER_LEASE_SECONDS)
+    if _dead_letter_run(
+        run, lambda: transitions.fail_expired_run(run.pk, error=error), error=error, error_class="exhausted"
+    ):
+        logger.warning(
+            "consumer %s dead-lettered update %s: %s on its last attempt (%s)",
+            run.consumer,
+            run.update.update_id,
+            error,
+            run.attempts,
+        )
+        return "dead-lettered"
+    spec = registry.get(run.consumer)
+    delay = spec.delay_after(max(1, run.attempts)) if spec is not None else registry.DEFAULT_BACKOFF[0]
+    if transitions.release_expired_run(run.pk, delay=delay, error=error):
+        logger.warning(
+            "consumer %s on update %s: %s; attempt %s of %s, retried in %.0fs",
+            run.consumer,
+            run.update.update_id,
+            error,
+            run.attempts,
+            run.max_attempts,
+            delay,
+        )
+        dispatch_run(run.pk, countdown=delay, consumer=run.consumer)
+        return "released"
+    return ""
+
+
+def consumer_run_end_stale(run: ConsumerRun, *, spec: registry.ConsumerSpec) -> str:
+    """A waiting run older than its consumer's max_age is never run late. The rule:
+
+    - nothing failed yet (no error on record: never run, or only deferred or waiting on an
+      open circuit) -> cancelled with the reason ("cancelled");
+    - a failure on record (an error, a time-out, a worker lost mid-run, an auth refusal) ->
+      failed, with a dead letter of reason `expired` that keeps the last error
+      ("dead-lettered"): work that failed must reach an operator, not vanish as cancelled.
+
+    Both are conditional on the state and the error, so a run that failed meanwhile is
+    never cancelled. "" when another worker moved the run on first."""
+    reason = f"older than the consumer's max age ({spec.max_age}); not run late"
+    if transitions.cancel_stale_run(run.pk, reason=reason):
+        logger.info("consumer %s on update %s cancelled: %s", spec.name, run.update.update_id, reason)
+        return "cancelled"
+    error = f"{reason}, after {run.attempts} failed attempt(s)"
+    if _dead_letter_run(run, lambda: transitions.fail_stale_run(run.pk), error=error, error_class="expired"):
+        logger.warning("consumer %s dead-lettered update %s: %s", spec.name, run.update.update_id, error)
+        return "dead-lettered"
+    return ""
 
 
 def add_bot(

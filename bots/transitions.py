@@ -3,7 +3,8 @@
 Update: new -> done (routed: one run per matching consumer, in the same transaction).
 Run: pending|retry -> running (claim) -> done | retry | failed | cancelled;
 running -> pending (deferred: the consumer asked to run later, no attempt spent);
-running with an expired lease -> retry (sweeper).
+running with an expired lease -> retry, or failed once its budget is spent (sweeper);
+pending|retry past the consumer's max age -> cancelled, or failed when a failure is on record.
 Chat: last answered message id only moves forward (the reply guard).
 """
 
@@ -133,18 +134,82 @@ def cancel_run(run_id: int, *, reason: str, worker: str | None = None) -> bool:
     return n == 1
 
 
-def release_expired_run(run_id: int) -> bool:
-    """running past its lease (the worker died) -> retry now. The consumer's effects are
+def _expired(run_id: int, now: datetime):
+    return ConsumerRun.objects.filter(pk=run_id, state=RunState.RUNNING, lease_expires_at__lt=now)
+
+
+def release_expired_run(run_id: int, *, delay: float, error: str) -> bool:
+    """running past its lease (the worker died or hung) -> retry after `delay`, while the run
+    has budget left. The claim counted the attempt; it failed. The consumer's effects are
     guarded by stable keys, so running it again is safe."""
     now = timezone.now()
-    n = ConsumerRun.objects.filter(pk=run_id, state=RunState.RUNNING, lease_expires_at__lt=now).update(
-        state=RunState.RETRY,
-        next_attempt_at=now,
+    n = (
+        _expired(run_id, now)
+        .filter(attempts__lt=F("max_attempts"))
+        .update(
+            state=RunState.RETRY,
+            next_attempt_at=now + timedelta(seconds=delay),
+            lease_owner="",
+            lease_expires_at=None,
+            updated_at=now,
+            last_error=error[:2000],
+            last_error_class="transient",
+        )
+    )
+    return n == 1
+
+
+def fail_expired_run(run_id: int, *, error: str) -> bool:
+    """running past its lease with its budget spent -> failed (exhausted). The caller writes
+    the dead letter in the same transaction."""
+    now = timezone.now()
+    n = (
+        _expired(run_id, now)
+        .filter(attempts__gte=F("max_attempts"))
+        .update(
+            state=RunState.FAILED,
+            finished_at=now,
+            updated_at=now,
+            lease_owner="",
+            lease_expires_at=None,
+            last_error=error[:2000],
+            last_error_class="exhausted",
+        )
+    )
+    return n == 1
+
+
+def cancel_stale_run(run_id: int, *, reason: str) -> bool:
+    """waiting, past max age, nothing failed yet (never run, or only deferred or paused)
+    -> cancelled. A run with a failure on record goes to fail_stale_run instead."""
+    now = timezone.now()
+    n = ConsumerRun.objects.filter(pk=run_id, state__in=RUN_WAITING, last_error="").update(
+        state=RunState.CANCELLED,
+        cancel_reason=reason[:2000],
+        finished_at=now,
+        updated_at=now,
         lease_owner="",
         lease_expires_at=None,
-        updated_at=now,
-        last_error="worker died or timed out while running",
-        last_error_class="transient",
+    )
+    return n == 1
+
+
+def fail_stale_run(run_id: int) -> bool:
+    """waiting, past max age, with a failure on record -> failed (expired): it is not run
+    late, and not silently cancelled either. The caller writes the dead letter; the run's
+    last error stays the failure it had."""
+    now = timezone.now()
+    n = (
+        ConsumerRun.objects.filter(pk=run_id, state__in=RUN_WAITING)
+        .exclude(last_error="")
+        .update(
+            state=RunState.FAILED,
+            finished_at=now,
+            updated_at=now,
+            lease_owner="",
+            lease_expires_at=None,
+            last_error_class="expired",
+        )
     )
     return n == 1
 

@@ -12,6 +12,7 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from bots.models import Bot
+from bots.payloads import MAX_JSON_DEPTH, json_depth
 from bots.services import inbox_update_store, new_trace_id
 from outbox.logging import current_trace_id
 
@@ -62,10 +63,17 @@ def _receive(request: HttpRequest, name: str) -> JsonResponse:
             return _error(413, f"body over {settings.DOVECOTE_WEBHOOK_MAX_BYTES} bytes")
         try:
             payload = json.loads(body)
+        except RecursionError:
+            # json's decoder gives up around a thousand levels.
+            return _error(400, f"body nested deeper than {MAX_JSON_DEPTH} levels")
         except (ValueError, UnicodeDecodeError):
             return _error(400, "body is not JSON")
         if not isinstance(payload, dict):
             return _error(400, "body is not a JSON object")
+        # Parsed but deeper than any Update: refused here, so every stored payload can be
+        # walked, serialised and shown without running out of stack.
+        if json_depth(payload, stop_above=MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
+            return _error(400, f"body nested deeper than {MAX_JSON_DEPTH} levels")
         update_id = payload.get("update_id")
         if isinstance(update_id, bool) or not isinstance(update_id, int) or not -(2**63) <= update_id < 2**63:
             return _error(400, "update_id must be an integer")

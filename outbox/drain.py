@@ -35,7 +35,7 @@ from django.db import connection
 from django.utils import timezone
 
 from outbox import circuits, policy, ratelimit, selectors, services, telegram, transitions
-from outbox.failpoints import failpoint
+from outbox.failpoints import failpoint, uncommitted
 from outbox.logging import current_trace_id
 from outbox.models import Attempt, Circuit, CircuitState, ErrorClass, OutboundMessage
 from outbox.publishing import publish
@@ -174,13 +174,16 @@ def outbound_messages_drain(bot_id: int, *, batch_size: int | None = None, extra
         if holds_key:
             _redis_quietly("pexpire", _wake_key(bot_id), WAKE_KEY_TTL_MS)
         circuit = Circuit.objects.filter(scope=services._circuit_scope(bot_id)).first()
-        messages = transitions.claim_batch(
-            bot_id=bot_id,
-            worker=worker,
-            lease=lease,
-            limit=size,
-            due_since=circuits.ramping_since(circuit, rate=bot.rate_limit),
-        )
+        with uncommitted("before_claim_commit"):
+            messages = transitions.claim_batch(
+                bot_id=bot_id,
+                worker=worker,
+                lease=lease,
+                limit=size,
+                due_since=circuits.ramping_since(circuit, rate=bot.rate_limit),
+            )
+            if messages:
+                failpoint("before_claim_commit")
         if not messages:
             if not holds_key:
                 return report
@@ -364,7 +367,10 @@ def _send(
             pending = set()
         else:
             outcomes = [(futures[f], f.result()) for f in done]
-        held = _record(outcomes, attempts, worker=worker, report=report, held=held)
+        held = services.with_outcome_write_retries(
+            lambda outcomes=outcomes, held=held: _record(outcomes, attempts, worker=worker, report=report, held=held),
+            message_ids=[m.pk for m, _ in outcomes],
+        )
     if circuit_dirty and report.sent > sent_before:
         circuits.record_success(services._circuit_scope(bot.pk))
     failpoint("after_record")
@@ -406,7 +412,14 @@ def _record(
     held: float | None,
 ) -> float | None:
     sent = [(m, attempts[m.pk], o) for m, o in outcomes if o.ok]
-    report.sent += len(transitions.mark_sent_many(sent, worker=worker))
+    done = transitions.mark_sent_many(sent, worker=worker)
+    report.sent += len(done)
+    for message, attempt, outcome in sent:
+        # Its lease ran out while the request was out, and the sweeper gave it up: the
+        # answer still settles it, and nothing is sent again.
+        if message.pk not in done and transitions.settle_late_success(message, attempt=attempt, outcome=outcome):
+            logger.warning("message %s: success arrived after its lease ran out; settled as sent", message.pk)
+            report.sent += 1
     for message, outcome in outcomes:
         if outcome.ok:
             continue

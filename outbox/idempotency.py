@@ -73,10 +73,16 @@ def idempotency_abandon(record: IdempotencyRecord) -> None:
     IdempotencyRecord.objects.filter(pk=record.pk, in_progress=True).delete()
 
 
+def idempotency_cutoff(now: datetime) -> datetime:
+    """Records created before this may go: kept DOVECOTE_IDEMPOTENCY_KEEP_HOURS, never under
+    24 hours (the contract)."""
+    return now - timedelta(hours=max(24, settings.DOVECOTE_IDEMPOTENCY_KEEP_HOURS))
+
+
 def idempotency_records_prune(*, older_than: datetime | None = None) -> int:
-    """Delete records past their retention (never younger than 24 hours). The sweeper calls it."""
-    keep = timedelta(hours=max(24, settings.DOVECOTE_IDEMPOTENCY_KEEP_HOURS))
-    limit = timezone.now() - keep
+    """Delete records past their retention (never younger than 24 hours). The sweeper
+    deletes them in budgeted batches instead (outbox/retention.py)."""
+    limit = idempotency_cutoff(timezone.now())
     if older_than is None or older_than > limit:
         older_than = limit
     deleted, _ = IdempotencyRecord.objects.filter(created_at__lt=older_than).delete()

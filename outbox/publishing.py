@@ -28,13 +28,15 @@ def publish(
     *,
     countdown: float | None = None,
     what: str = "task",
+    **options: Any,
 ) -> bool:
-    """apply_async, or False (logged) when the broker is unreachable. Never raises."""
+    """apply_async (with `options`, e.g. time limits), or False (logged) when the broker is
+    unreachable. Never raises."""
     global _skip_until
     if time.monotonic() < _skip_until:
         return False
     try:
-        task.apply_async(args, kwargs or {}, countdown=countdown or None, retry=False)
+        task.apply_async(args, kwargs or {}, countdown=countdown or None, retry=False, **options)
     except Exception:  # noqa: BLE001 - any broker failure; the sweeper recovers
         with _lock:
             first = time.monotonic() >= _skip_until

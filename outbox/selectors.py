@@ -7,11 +7,13 @@ from datetime import datetime, timedelta
 from functools import cache
 
 from django.db import connection
-from django.db.models import Exists, JSONField, Model, OuterRef, Q, QuerySet, Value
+from django.db.models import Exists, JSONField, Model, OuterRef, QuerySet, Value
 from django.db.models.functions import Concat
 from django.utils import timezone
 
+from outbox import chat_order
 from outbox.models import Circuit, CircuitState, OutboundMessage, State
+from outbox.splitting import MAX_PARTS, part_key
 
 
 def outbound_messages_due(*, overdue_by: timedelta = timedelta(0), limit: int = 500) -> QuerySet[OutboundMessage]:
@@ -28,44 +30,28 @@ def outbound_messages_stuck(*, limit: int = 500) -> QuerySet[OutboundMessage]:
     )[:limit]
 
 
-def _earlier_open(now: datetime) -> Q:
-    return Q(state__in=[State.RETRY, State.SENDING]) | (
-        Q(state=State.PENDING) & (Q(send_at__isnull=True) | Q(send_at__lte=now))
-    )
-
-
-def earlier_open_message_exists_expression(now: datetime) -> Exists:
-    """`earlier_open_message_exists` as an annotation on OutboundMessage (uses outbox_open_chat_idx)."""
-    return Exists(
-        OutboundMessage.objects.filter(
-            bot_id=OuterRef("bot_id"), chat_id=OuterRef("chat_id"), id__lt=OuterRef("id"), ordered=True
-        ).filter(_earlier_open(now))
-    )
-
-
 def earlier_open_message_exists(message: OutboundMessage) -> bool:
-    """True when an earlier ordered message to the same chat still waits, retries or sends.
+    """True when an earlier ordered message to the same chat must go first (outbox/chat_order.py)."""
+    return chat_order.is_blocked(message, now=timezone.now())
 
-    Pending messages scheduled for later by their sender (send_at in the future) do not
-    hold the chat up; one only deferred by a rate limit does. Unknown, failed and
-    cancelled ones do not block: the next message proceeds.
-    """
-    now = timezone.now()
-    earlier = OutboundMessage.objects.filter(
-        bot_id=message.bot_id, chat_id=message.chat_id, id__lt=message.pk, ordered=True
+
+def outbound_message_part_ids(message: OutboundMessage) -> list[int]:
+    """The ids of the messages one enqueue wrote, in order: this message's alone, or - for
+    the first part of a split text - every part's (their keys derive from its key)."""
+    keys = {part_key(message.idempotency_key, n): n for n in range(2, MAX_PARTS + 1)}
+    rows = OutboundMessage.objects.filter(bot_id=message.bot_id, idempotency_key__in=list(keys)).values_list(
+        "idempotency_key", "id"
     )
-    return earlier.filter(_earlier_open(now)).exists()
+    return [message.pk] + [pk for _, pk in sorted(rows, key=lambda row: keys[row[0]])]
 
 
 def next_open_message_in_chat(*, bot_id: int, chat_id: int) -> int | None:
-    return (
-        OutboundMessage.objects.filter(
-            bot_id=bot_id, chat_id=chat_id, state__in=[State.PENDING, State.RETRY], next_attempt_at__lte=timezone.now()
-        )
-        .order_by("id")
-        .values_list("id", flat=True)
-        .first()
+    """The chat's head, when it is waiting and due: the message to hand to a worker next."""
+    now = timezone.now()
+    waiting = OutboundMessage.objects.filter(
+        bot_id=bot_id, chat_id=chat_id, state__in=[State.PENDING, State.RETRY], next_attempt_at__lte=now
     )
+    return chat_order.heads(waiting, now=now).order_by("id").values_list("id", flat=True).first()
 
 
 def outbound_message_for_send(message_id: int, *, now: datetime) -> OutboundMessage | None:
@@ -83,7 +69,7 @@ def outbound_message_for_send(message_id: int, *, now: datetime) -> OutboundMess
             circuit_dirty=Exists(
                 Circuit.objects.filter(scope=scope).exclude(state=CircuitState.CLOSED, consecutive_failures=0)
             ),
-            blocked=earlier_open_message_exists_expression(now),
+            blocked=chat_order.blocked_expression(now),
         )
         .filter(pk=message_id)
         .first()
@@ -125,9 +111,7 @@ def _for_send_sql() -> str:
           EXISTS (SELECT 1 FROM {c} c WHERE c.scope = 'bot:' || m.bot_id::text AND c.state <> 'closed'),
           EXISTS (SELECT 1 FROM {c} c WHERE c.scope = 'bot:' || m.bot_id::text
                     AND NOT (c.state = 'closed' AND c.consecutive_failures = 0)),
-          EXISTS (SELECT 1 FROM {m} e WHERE e.bot_id = m.bot_id AND e.chat_id = m.chat_id AND e.id < m.id
-                    AND e.ordered AND e.state IN ('pending', 'retry', 'sending')
-                    AND (e.state IN ('retry', 'sending') OR e.send_at IS NULL OR e.send_at <= %s))
+          {chat_order.blocked_sql("m")}
         FROM {m} m JOIN {b} b ON b.id = m.bot_id
         WHERE m.id = %s
     """  # noqa: S608 - names from _meta, values as parameters

@@ -9,6 +9,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from outbox import selectors
 from outbox.models import Attempt, OnAmbiguous, OutboundMessage
 from outbox.services import SUPPORTED_METHODS
 
@@ -100,6 +101,10 @@ class AttemptSerializer(serializers.ModelSerializer):
 class MessageSerializer(serializers.ModelSerializer):
     bot = serializers.CharField(source="bot.name")
     attempts_list = AttemptSerializer(source="attempt_set", many=True, read_only=True)
+    parts = serializers.SerializerMethodField(
+        help_text="Ids of the messages this request became, in send order: a text longer than Telegram "
+        "allows is split into several, and this message is the first; otherwise just this id."
+    )
 
     class Meta:
         model = OutboundMessage
@@ -129,8 +134,13 @@ class MessageSerializer(serializers.ModelSerializer):
             "updated_at",
             "payload_purged_at",
             "attempts_list",
+            "parts",
         ]
         read_only_fields = fields
+
+    @extend_schema_field(serializers.ListField(child=serializers.IntegerField()))
+    def get_parts(self, message: OutboundMessage) -> list[int]:
+        return selectors.outbound_message_part_ids(message)
 
 
 class BroadcastResultSerializer(serializers.Serializer):

@@ -12,17 +12,18 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from outbox import circuits, policy, ratelimit, selectors, telegram, transitions
-from outbox.failpoints import failpoint
+from outbox import circuits, policy, ratelimit, retention, selectors, splitting, telegram, transitions
+from outbox.failpoints import failpoint, uncommitted
 from outbox.logging import current_trace_id
 from outbox.models import ErrorClass, OnAmbiguous, OutboundMessage, State
 from outbox.publishing import publish
@@ -81,7 +82,9 @@ def limited_chat_id(message: OutboundMessage) -> int | None:
     return message.chat_id if message.method in CREATES_MESSAGE else None
 
 
-def _validate(method: str, chat_id: Any, payload: Any) -> None:
+def _validate(method: str, chat_id: Any, payload: Any, *, splittable: bool = False) -> None:
+    """Refuse what Telegram certainly would (lengths as Telegram counts them: UTF-16 units
+    after entity parsing). `splittable`: an over-long sendMessage is split by the caller."""
     if method not in SUPPORTED_METHODS:
         raise MessageRejected(f"unsupported Bot API method {method!r}", field="method")
     if isinstance(chat_id, bool) or not isinstance(chat_id, int):
@@ -92,12 +95,44 @@ def _validate(method: str, chat_id: Any, payload: Any) -> None:
         raise MessageRejected("payload must be a JSON object")
     if "chat_id" in payload:
         raise MessageRejected("give chat_id once, outside payload")
-    if method == "sendMessage":
+    if method in ("sendMessage", "editMessageText"):
         text = payload.get("text")
         if not isinstance(text, str) or not text.strip():
-            raise MessageRejected("sendMessage needs a non-empty text")
-        if len(text) > 4096:
-            raise MessageRejected("text is longer than Telegram's 4096 characters")
+            raise MessageRejected(f"{method} needs a non-empty text")
+        if method == "editMessageText":
+            why = "an edit cannot be split into several messages"
+            _check_length(text, payload.get("parse_mode"), limit=splitting.TEXT_LIMIT, what="text", why=why)
+        elif not splittable:
+            why = "only a single message (outbound_message_enqueue) is split into parts"
+            _check_length(text, payload.get("parse_mode"), limit=splitting.TEXT_LIMIT, what="text", why=why)
+    _check_captions(method, payload)
+
+
+def _check_length(text: str, parse_mode: Any, *, limit: int, what: str, why: str) -> None:
+    length = splitting.visible_length(text, parse_mode if isinstance(parse_mode, str) else None)
+    if length > limit:
+        raise MessageRejected(f"the {what} is {length} UTF-16 units long; Telegram allows {limit} and {why}")
+
+
+def _check_captions(method: str, payload: dict[str, Any]) -> None:
+    items = [payload]
+    if method == "sendMediaGroup" and isinstance(payload.get("media"), list):
+        items += [item for item in payload["media"] if isinstance(item, dict)]
+    for item in items:
+        caption = item.get("caption")
+        if isinstance(caption, str):
+            why = "a caption cannot be split"
+            _check_length(caption, item.get("parse_mode"), limit=splitting.CAPTION_LIMIT, what="caption", why=why)
+
+
+def _parts(method: str, payload: dict[str, Any]) -> list[dict[str, Any]]:
+    """The payloads to store for one enqueue: one, or the parts of an over-long sendMessage."""
+    if method != "sendMessage":
+        return [payload]
+    try:
+        return splitting.split_message_payload(payload)
+    except splitting.CannotSplit as exc:
+        raise MessageRejected(f"the text is too long for one message: {exc}") from exc
 
 
 def _validate_options(
@@ -131,16 +166,22 @@ def outbound_message_enqueue(
     """Write a message to the outbox (once per key) and dispatch it after commit.
 
     Returns (message, created). The same key returns the stored message untouched.
+
+    A sendMessage longer than Telegram allows (4,096 UTF-16 units after entity parsing) is
+    split (outbox/splitting.py) into ordered messages written in one transaction: the first
+    keeps `idempotency_key` and is the one returned, part n gets `splitting.part_key(key, n)`.
+    The same key again finds the first part and creates nothing.
     """
-    _validate(method, chat_id, payload)
+    _validate(method, chat_id, payload, splittable=True)
     _validate_options(
         idempotency_key=idempotency_key, send_at=send_at, expires_at=expires_at, on_ambiguous=on_ambiguous
     )
+    payloads = _parts(method, payload)
     now = timezone.now()
     defaults = {
         "chat_id": chat_id,
         "method": method,
-        "payload": payload,
+        "payload": payloads[0],
         "trace_id": trace_id or current_trace_id.get(),
         "source_update_id": source_update_id,
         "consumer": consumer,
@@ -148,21 +189,46 @@ def outbound_message_enqueue(
         "send_at": send_at,
         "expires_at": expires_at,
         "on_ambiguous": on_ambiguous,
-        "ordered": ordered,
+        # The parts of one text go in order whatever the caller asked for.
+        "ordered": ordered or len(payloads) > 1,
         "max_attempts": max_attempts or settings.DOVECOTE_OUTBOX_MAX_ATTEMPTS,
         "next_attempt_at": max(send_at, now) if send_at else now,
     }
+    messages: list[OutboundMessage] = []
     try:
         with transaction.atomic():
             message, created = OutboundMessage.objects.get_or_create(
                 bot_id=bot_id, idempotency_key=idempotency_key, defaults=defaults
             )
+            messages.append(message)
+            if created:
+                # Inserted one by one, so that ids - the chat's send order - follow the text.
+                messages += [
+                    OutboundMessage.objects.create(
+                        bot_id=bot_id,
+                        idempotency_key=splitting.part_key(idempotency_key, n),
+                        **(defaults | {"payload": p}),
+                    )
+                    for n, p in enumerate(payloads[1:], start=2)
+                ]
     except IntegrityError:
         # A concurrent insert with the same key won the race.
-        message, created = OutboundMessage.objects.get(bot_id=bot_id, idempotency_key=idempotency_key), False
+        first = OutboundMessage.objects.filter(bot_id=bot_id, idempotency_key=idempotency_key).first()
+        if first is None:
+            # Not the first key: a part's key belongs to another message.
+            raise MessageRejected(
+                f"the keys of this message's parts ({idempotency_key}#2, ...) are taken by other messages",
+                field="idempotency_key",
+            ) from None
+        return first, False
     if created:
         delay = max(0.0, (message.next_attempt_at - now).total_seconds())
-        transaction.on_commit(lambda: dispatch(message.pk, bot_id=message.bot_id, countdown=delay))
+
+        def dispatch_all() -> None:
+            for row in messages:
+                dispatch(row.pk, bot_id=row.bot_id, countdown=delay)
+
+        transaction.on_commit(dispatch_all)
     return message, created
 
 
@@ -256,13 +322,14 @@ def outbound_message_send(message_id: int, *, slot_reserved: bool = False) -> Se
         if transitions.cancel(message.pk, reason=EXPIRED_REASON, error_class=ErrorClass.EXPIRED):
             _kick_chat(message)
         return SendResult("expired")
+    if message.ordered and message.blocked:
+        # An earlier message to this chat goes first; it kicks this one when it is done.
+        # Checked before the circuit, so that a blocked message never spends the probe.
+        return SendResult("waiting-for-earlier")
     if message.circuit_not_closed and not circuits.try_probe(_circuit_scope(message.bot_id)):
         # The bot's circuit is open (auth failure or operator pause), or another worker is
         # sending the one half-open probe: keep the queue; the sweeper releases it later.
         return SendResult("circuit-open")
-    if message.ordered and message.blocked:
-        # An earlier message to this chat goes first; it kicks this one when it is done.
-        return SendResult("waiting-for-earlier")
     wait = ratelimit.acquire(
         bot_id=message.bot_id,
         bot_rate=message.bot.rate_limit,
@@ -280,8 +347,8 @@ def outbound_message_send(message_id: int, *, slot_reserved: bool = False) -> Se
     lease = timedelta(seconds=settings.DOVECOTE_SEND_LEASE_SECONDS)
     # The claim also checks that nobody changed the row since it was read (updated_at), so
     # the row in hand is what gets sent; otherwise claim as usual and read it again.
-    if not transitions.claim(message.pk, worker=worker, lease=lease, unchanged_since=message.updated_at):
-        if not transitions.claim(message.pk, worker=worker, lease=lease):
+    if not _claim(message.pk, worker=worker, lease=lease, unchanged_since=message.updated_at):
+        if not _claim(message.pk, worker=worker, lease=lease):
             return SendResult("claimed-elsewhere")
         failpoint("after_claim")
         message = OutboundMessage.objects.select_related("bot").get(pk=message.pk)
@@ -306,9 +373,40 @@ def outbound_message_send(message_id: int, *, slot_reserved: bool = False) -> Se
         params={"chat_id": message.chat_id, **message.payload},
     )
     failpoint("after_response")
-    result = _record_outcome(message, worker=worker, attempt=attempt, outcome=outcome)
+    result = with_outcome_write_retries(
+        lambda: _record_outcome(message, worker=worker, attempt=attempt, outcome=outcome), message_ids=[message.pk]
+    )
     failpoint("after_record")
     return result
+
+
+T = TypeVar("T")
+# Telegram has answered; writing its answer down is worth a few tries through a database
+# blip (a failover, a restarted pooler) before the send is left to the sweeper, which can
+# then only call it `unknown`. Together well inside checks.RECORD_MARGIN_SECONDS.
+OUTCOME_WRITE_RETRY_DELAYS = (0.2, 0.5, 1.0, 2.0)
+
+
+def with_outcome_write_retries(write: Callable[[], T], *, message_ids: list[int]) -> T:
+    """Run `write` (recording outcomes: conditional transitions, safe to repeat), retrying
+    on a lost database connection. The last failure propagates: the lease then runs out and
+    the sweeper makes the sends `unknown`."""
+    for delay in OUTCOME_WRITE_RETRY_DELAYS:
+        try:
+            return write()
+        except (OperationalError, InterfaceError) as exc:
+            logger.warning("recording the outcome of messages %s failed (%s); retrying in %ss", message_ids, exc, delay)
+            connection.close()  # the next query opens a new connection
+            time.sleep(delay)
+    return write()
+
+
+def _claim(message_id: int, *, worker: str, lease: timedelta, unchanged_since: datetime | None = None) -> bool:
+    with uncommitted("before_claim_commit"):
+        claimed = transitions.claim(message_id, worker=worker, lease=lease, unchanged_since=unchanged_since)
+        if claimed:
+            failpoint("before_claim_commit")
+    return claimed
 
 
 # Refusals that come from Telegram itself, with a working token (not 401, not a 5xx or a
@@ -325,6 +423,9 @@ def _record_outcome(
         sent = transitions.mark_sent(
             message, worker=worker, attempt=attempt, outcome=outcome, kick_chat=message.ordered
         )
+        if not sent and transitions.settle_late_success(message, attempt=attempt, outcome=outcome):
+            logger.warning("message %s: success arrived after its lease ran out; settled as sent", message.pk)
+            return SendResult("sent-late")
         if getattr(message, "circuit_dirty", True):
             circuits.record_success(_circuit_scope(message.bot_id))
         if sent.next_in_chat is not None and sent.next_in_chat != message.pk:
@@ -538,67 +639,32 @@ def _broadcast_slots(*, bot_id: int, method: str, send_at: datetime | None, n: i
     """Rate-limit slots for a broadcast due now, reserved in one go: each message is then
     dispatched once, for its slot, rather than once to ask for a slot and again to send
     (which queued thousands of slot requests ahead of the sends; docs/PERFORMANCE.md).
-    Messages past the horizon get none and take the usual path."""
+    Messages past the horizon get none and take the usual path; so do all of them when
+    Redis is unreachable."""
     if not settings.DOVECOTE_RATE_LIMITS_ENABLED or method not in CREATES_MESSAGE or send_at or n == 0:
         return []
     rate = selectors.bot_model().objects.filter(pk=bot_id).values_list("rate_limit", flat=True).first()
     if not rate:
         return []
-    return ratelimit.reserve_slots(bot_id, rate, n, horizon=policy.MAX_BROKER_COUNTDOWN_SECONDS)
+    import redis
 
-
-# Payload keys that carry what a person wrote or who they are; purged after retention.
-PERSONAL_PAYLOAD_KEYS = frozenset(
-    {
-        "text",
-        "caption",
-        "reply_markup",
-        "entities",
-        "caption_entities",
-        "phone_number",
-        "first_name",
-        "last_name",
-        "vcard",
-        "question",
-        "options",
-        "explanation",
-        "latitude",
-        "longitude",
-        "address",
-        "title",
-        "media",
-        "photo",
-        "document",
-        "video",
-        "audio",
-        "voice",
-        "animation",
-        "sticker",
-    }
-)
+    try:
+        return ratelimit.reserve_slots(bot_id, rate, n, horizon=policy.MAX_BROKER_COUNTDOWN_SECONDS)
+    except redis.RedisError as exc:
+        # The broadcast is stored all the same: without slots its messages stay due in their
+        # rows, and the sweeper hands them to the drain once Redis answers again.
+        logger.warning("broadcast of bot %s stored without rate-limit slots: Redis unreachable: %s", bot_id, exc)
+        return []
 
 
 def outbound_messages_purge_payloads(*, older_than: datetime | None = None, batch_size: int = 500) -> int:
     """Blank the text, markup and captions of messages sent before `older_than` (default:
     DOVECOTE_PAYLOAD_RETENTION_DAYS ago). Metadata - chat, method, states, attempts, keys,
-    Telegram's message id - stays. Returns how many messages were purged. The sweeper runs it."""
+    Telegram's message id - stays. Returns how many messages were purged. The sweeper purges
+    in budgeted batches instead (outbox/retention.py)."""
     if older_than is None:
         older_than = timezone.now() - timedelta(days=settings.DOVECOTE_PAYLOAD_RETENTION_DAYS)
     purged = 0
-    while True:
-        batch = list(
-            OutboundMessage.objects.filter(state=State.SENT, sent_at__lt=older_than, payload_purged_at__isnull=True)
-            .only("pk", "payload", "result")
-            .order_by("sent_at")[:batch_size]
-        )
-        if not batch:
-            return purged
-        now = timezone.now()
-        for message in batch:
-            payload = message.payload if isinstance(message.payload, dict) else {}
-            message.payload = {k: v for k, v in payload.items() if k not in PERSONAL_PAYLOAD_KEYS}
-            message.result = None
-            message.payload_purged_at = now
-        # Sent is final, so nothing else writes these rows any more.
-        OutboundMessage.objects.bulk_update(batch, ["payload", "result", "payload_purged_at"])
-        purged += len(batch)
+    while n := retention.outbound_payloads_purge_batch(older_than, size=batch_size):
+        purged += n
+    return purged

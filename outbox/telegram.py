@@ -235,6 +235,9 @@ def classify(exc: BaseException) -> CallOutcome:
             ok=False, error_class=ErrorClass.PERMANENT, http_status=403, error_code=403, description=description
         )
     if isinstance(exc, tg_error.BadRequest):
+        # Every 400 ("message is too long", "can't parse entities", ...), even one whose body
+        # was not JSON: Telegram refused this request as written, and the same request again
+        # gets the same answer. A dead letter at once, never a retry.
         return CallOutcome(
             ok=False, error_class=ErrorClass.PERMANENT, http_status=400, error_code=400, description=description
         )

@@ -20,9 +20,9 @@ from django.db.models import F
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
-from outbox import selectors
+from outbox import chat_order, selectors
 from outbox.models import Attempt, DeadLetter, ErrorClass, OutboundMessage, State
-from outbox.signals import message_ambiguous, message_dead_lettered
+from outbox.signals import message_ambiguous, message_dead_lettered, message_delivered_late
 from outbox.telegram import CallOutcome
 
 WAITING = [State.PENDING, State.RETRY]
@@ -124,10 +124,7 @@ def claim_batch(
           SELECT q.id FROM {_MESSAGES} q
           WHERE q.bot_id = %s AND q.state IN ('pending', 'retry') AND q.next_attempt_at <= %s
             AND q.next_attempt_at >= %s AND q.broadcast = ''
-            AND NOT (q.ordered AND EXISTS (
-              SELECT 1 FROM {_MESSAGES} e WHERE e.bot_id = q.bot_id AND e.chat_id = q.chat_id AND e.id < q.id
-                AND e.ordered AND e.state IN ('pending', 'retry', 'sending')
-                AND (e.state IN ('retry', 'sending') OR e.send_at IS NULL OR e.send_at <= %s)))
+            AND NOT {chat_order.blocked_sql("q")}
             AND NOT EXISTS (SELECT 1 FROM {Circuit._meta.db_table} c WHERE c.scope = %s AND c.state <> 'closed')
           ORDER BY q.next_attempt_at
           LIMIT %s
@@ -253,8 +250,9 @@ def mark_sent(
     result = None if telegram_message_id else outcome.result
     if _postgresql():
         next_in_chat = (
-            f"""SELECT id FROM {_MESSAGES} WHERE bot_id = %s AND chat_id = %s AND state IN ('pending', 'retry')
-                AND next_attempt_at <= %s ORDER BY id LIMIT 1"""  # noqa: S608 - see _MESSAGES
+            f"""SELECT id FROM {_MESSAGES} h WHERE h.bot_id = %s AND h.chat_id = %s
+                AND h.state IN ('pending', 'retry') AND h.next_attempt_at <= %s
+                AND NOT {chat_order.blocked_sql("h", besides_one=True)} ORDER BY h.id LIMIT 1"""  # noqa: S608
             if kick_chat
             else "SELECT NULL::bigint"
         )
@@ -283,7 +281,7 @@ def mark_sent(
                 None if result is None else json.dumps(result),
                 message.pk,
                 worker,
-                *([message.bot_id, message.chat_id, now] if kick_chat else []),
+                *([message.bot_id, message.chat_id, now, now, message.pk] if kick_chat else []),
             ],
         )
         return Sent(row[0] == 1, row[1])
@@ -302,6 +300,36 @@ def mark_sent(
         )
     next_id = selectors.next_open_message_in_chat(bot_id=message.bot_id, chat_id=message.chat_id) if kick_chat else None
     return Sent(n == 1, next_id)
+
+
+def settle_late_success(message: OutboundMessage, *, attempt: Attempt, outcome: CallOutcome) -> bool:
+    """unknown (or retry/sending after a resend decision, before its new attempt) -> sent:
+    Telegram answered this attempt with success after the worker's lease had run out and the
+    sweeper had given the send up. The answer settles it: the message is sent, its case is
+    closed as delivered (`message_delivered_late`) and the resend, if one was decided, finds
+    nothing to send. Only while no later attempt has started (`attempts` is still this
+    attempt's number): a later attempt is its own send."""
+    now = timezone.now()
+    telegram_message_id = outcome.telegram_message_id
+    with transaction.atomic():
+        n = OutboundMessage.objects.filter(
+            pk=message.pk, state__in=[State.UNKNOWN, State.RETRY, State.SENDING], attempts=attempt.number
+        ).update(
+            state=State.SENT,
+            sent_at=now,
+            updated_at=now,
+            telegram_message_id=telegram_message_id,
+            result=None if telegram_message_id else outcome.result,
+            lease_owner="",
+            lease_expires_at=None,
+            last_error="",
+            last_error_class="",
+        )
+        if n != 1:
+            return False
+        message.state = State.SENT
+        message_delivered_late.send(sender=OutboundMessage, message=message, attempt_number=attempt.number)
+    return True
 
 
 def schedule_retry(

@@ -1,12 +1,13 @@
 """The Celery application. Configuration lives in Django settings under CELERY_*."""
 
-import os
 from typing import Any
 
 from celery import Celery
 from celery.signals import task_postrun, task_prerun
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "project.settings")
+from project.failclosed import load_settings_or_exit
+
+load_settings_or_exit()
 
 app = Celery("project")
 app.config_from_object("django.conf:settings", namespace="CELERY")

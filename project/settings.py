@@ -17,13 +17,24 @@ env = environ.Env()
 
 DEBUG = env.bool("DEBUG", default=False)
 
+
+def _required_in_production(*names: str) -> None:
+    """Fail closed: with DEBUG off, a missing variable stops the process at start with one
+    line naming it, rather than falling back to the development defaults (an SQLite file on
+    an ephemeral disk, a file broker, a per-process rate limiter)."""
+    missing = [name for name in names if not env.str(name, default="")]
+    if missing:
+        raise ImproperlyConfigured(
+            f"{', '.join(missing)} must be set when DEBUG is off (DEBUG=1 uses development defaults)."
+        )
+
+
 if DEBUG:
     SECRET_KEY = env.str("SECRET_KEY", default="dev-insecure-dovecote-key-change-me")
     ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]", "testserver"])
 else:
-    SECRET_KEY = env.str("SECRET_KEY", default="")
-    if not SECRET_KEY:
-        raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG is off (set DEBUG=1 for development).")
+    _required_in_production("SECRET_KEY", "DATABASE_URL", "REDIS_URL")
+    SECRET_KEY = env.str("SECRET_KEY")
     ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=[])
     SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=True)
     CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", default=True)
@@ -184,6 +195,8 @@ CELERY_TASK_QUEUE_BULK = env.str("DOVECOTE_QUEUE_PREFIX", default="") + "dovecot
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 
 # --- Dovecote -------------------------------------------------------------------------
+# /metrics requires `Authorization: Bearer <token>`; with DEBUG off and no token it answers 403.
+DOVECOTE_METRICS_TOKEN = env.str("DOVECOTE_METRICS_TOKEN", default="")
 TELEGRAM_API_BASE_URL = env.str("TELEGRAM_API_BASE_URL", default="https://api.telegram.org")
 DOVECOTE_WEBHOOK_MAX_BYTES = env.int("DOVECOTE_WEBHOOK_MAX_BYTES", default=1_048_576)
 DOVECOTE_REPLY_DEBOUNCE_SECONDS = env.float("DOVECOTE_REPLY_DEBOUNCE_SECONDS", default=0)
@@ -203,6 +216,12 @@ DOVECOTE_TELEGRAM_READ_TIMEOUT = env.float("DOVECOTE_TELEGRAM_READ_TIMEOUT", def
 DOVECOTE_DRAIN_BATCH_SIZE = env.int("DOVECOTE_DRAIN_BATCH_SIZE", default=8)
 DOVECOTE_SEND_LEASE_SECONDS = env.int("DOVECOTE_SEND_LEASE_SECONDS", default=60)
 DOVECOTE_CONSUMER_LEASE_SECONDS = env.int("DOVECOTE_CONSUMER_LEASE_SECONDS", default=300)
+# A consumer run is interrupted after this (Celery's soft time limit; a consumer's own `timeout`
+# overrides it) and that counts as a failed attempt. Below the lease, so a slow run fails on its
+# own worker instead of being taken for a dead one (bots/checks.py refuses anything else).
+DOVECOTE_CONSUMER_TIMEOUT_SECONDS = env.float(
+    "DOVECOTE_CONSUMER_TIMEOUT_SECONDS", default=DOVECOTE_CONSUMER_LEASE_SECONDS * 0.8
+)
 DOVECOTE_OUTBOX_MAX_ATTEMPTS = env.int("DOVECOTE_OUTBOX_MAX_ATTEMPTS", default=8)
 DOVECOTE_RETRY_BASE_SECONDS = env.float("DOVECOTE_RETRY_BASE_SECONDS", default=1.0)
 DOVECOTE_RETRY_MAX_SECONDS = env.float("DOVECOTE_RETRY_MAX_SECONDS", default=300.0)
@@ -226,8 +245,27 @@ DOVECOTE_REDISPATCH_GRACE_SECONDS = env.float("DOVECOTE_REDISPATCH_GRACE_SECONDS
 DOVECOTE_CIRCUIT_FIRST_PROBE_SECONDS = env.float("DOVECOTE_CIRCUIT_FIRST_PROBE_SECONDS", default=30.0)
 DOVECOTE_CIRCUIT_MAX_PROBE_SECONDS = env.float("DOVECOTE_CIRCUIT_MAX_PROBE_SECONDS", default=600.0)
 DOVECOTE_CIRCUIT_PROBE_LEASE_SECONDS = env.float("DOVECOTE_CIRCUIT_PROBE_LEASE_SECONDS", default=60.0)
-# Payload purge and ledger pruning run at most this often (they scan history).
+# A retention pass (payload purges, pruning) runs at most this often once it has finished
+# everything; while a backlog is left, every sweep continues it (reconciliation/retention.py).
 DOVECOTE_RETENTION_INTERVAL_SECONDS = env.int("DOVECOTE_RETENTION_INTERVAL_SECONDS", default=3600)
+# One pass stops after this many seconds (checked between batches) so a sweep never holds beat
+# for long; each batch deletes or purges this many rows in its own transaction.
+DOVECOTE_RETENTION_BUDGET_SECONDS = env.float("DOVECOTE_RETENTION_BUDGET_SECONDS", default=20.0)
+DOVECOTE_RETENTION_BATCH_SIZE = env.int("DOVECOTE_RETENTION_BATCH_SIZE", default=2000)
+# Failed and unknown messages, and updates whose runs failed, are deleted this long after
+# their last change, and only once no dead letter or case of theirs is open; 0 keeps them.
+DOVECOTE_FAILED_RETENTION_DAYS = env.int("DOVECOTE_FAILED_RETENTION_DAYS", default=180)
+# A chat's reply guard is deleted after this long without an update (0 keeps them).
+DOVECOTE_CHAT_STATE_RETENTION_DAYS = env.int("DOVECOTE_CHAT_STATE_RETENTION_DAYS", default=90)
+# Decided reconciliation cases (and, while they are kept, their messages and effects); 0 keeps.
+DOVECOTE_CASE_RETENTION_DAYS = env.int("DOVECOTE_CASE_RETENTION_DAYS", default=180)
+# Operators' payload corrections hold text: by default they go with the payloads' retention.
+DOVECOTE_PAYLOAD_VERSION_RETENTION_DAYS = env.int(
+    "DOVECOTE_PAYLOAD_VERSION_RETENTION_DAYS", default=DOVECOTE_PAYLOAD_RETENTION_DAYS
+)
+DOVECOTE_BULK_RETRY_RETENTION_DAYS = env.int("DOVECOTE_BULK_RETRY_RETENTION_DAYS", default=90)
+# The audit log is kept for ever unless this says otherwise.
+DOVECOTE_AUDIT_RETENTION_DAYS = env.int("DOVECOTE_AUDIT_RETENTION_DAYS", default=0)
 
 # --- REST API ---------------------------------------------------------------------------
 REST_FRAMEWORK = {

@@ -15,6 +15,9 @@ os.environ.setdefault("DOVECOTE_REDIS_PREFIX", f"test{os.environ['DOVECOTE_TEST_
 os.environ.setdefault("DOVECOTE_QUEUE_PREFIX", "test.")
 os.environ.setdefault("DOVECOTE_REPLY_DEBOUNCE_SECONDS", "0")
 os.environ.setdefault("TELEGRAM_API_BASE_URL", "http://127.0.0.1:9")
+# /metrics is guarded as in production (tests run with DEBUG off): tests scrape with
+# tests.support.METRICS_AUTH.
+os.environ.setdefault("DOVECOTE_METRICS_TOKEN", "test-metrics-token")
 
 from project.settings import *  # noqa: F403
 from project.settings import DATABASES

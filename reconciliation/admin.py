@@ -30,6 +30,7 @@ from django.utils.text import Truncator
 
 from bots.admin import BotAdmin, InboundUpdateAdmin
 from bots.models import Bot, InboundUpdate
+from bots.payloads import clip
 from outbox.admin import OutboundMessageAdmin
 from outbox.models import DeadLetter, DeadLetterStatus, ErrorClass, OutboundMessage
 from reconciliation import services, triage
@@ -57,7 +58,8 @@ def _mark_viewer(request: HttpRequest, obj: Any) -> Any:
 
 def _payload_for(obj: Any, payload: Any) -> str:
     visible = getattr(obj, "_dovecote_payload_visible", False)
-    return _pretty(payload if visible else mask(payload))
+    # Clipped at any depth: json.dumps with an indent recurses once per level.
+    return _pretty(clip(payload) if visible else mask(payload))
 
 
 def confirm_page(

@@ -7,7 +7,7 @@ from typing import Any
 from django.dispatch import receiver
 
 from outbox.models import Effect, OutboundMessage
-from outbox.signals import effect_ambiguous, message_ambiguous
+from outbox.signals import effect_ambiguous, message_ambiguous, message_delivered_late
 from reconciliation.models import CaseStatus, Decision, ReconciliationCase
 
 
@@ -22,6 +22,15 @@ def open_case(sender: Any, message: OutboundMessage, facts: dict[str, Any], **kw
         known_facts={**facts, "kind": "outbound_message", "method": message.method, "chat_id": message.chat_id},
         policy=message.on_ambiguous,
     )
+
+
+@receiver(message_delivered_late, sender=OutboundMessage, dispatch_uid="reconciliation.close_case_delivered_late")
+def close_case_delivered_late(sender: Any, message: OutboundMessage, attempt_number: int, **kwargs: Any) -> None:
+    """Telegram's answer settled the message after all: its open case is decided as
+    delivered, by nobody, and the decision is audited like an operator's."""
+    from reconciliation.services import case_close_delivered_late
+
+    case_close_delivered_late(message, attempt_number=attempt_number)
 
 
 @receiver(effect_ambiguous, sender=Effect, dispatch_uid="reconciliation.open_effect_case")

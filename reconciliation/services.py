@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import transaction
+from django.db.models import F, Q
 from django.utils import timezone
 
 from outbox import effects
@@ -138,6 +139,11 @@ def case_cancel(case: ReconciliationCase, user: Any, reason: str) -> Reconciliat
     return case
 
 
+# The `resend` policy's budget: a message that has spent its attempts is never resent by
+# policy; its case waits for an operator. The sweeper's queue leaves such messages out.
+RESEND_BUDGET_LEFT = Q(attempts__lt=F("max_attempts"))
+
+
 def case_auto_resend(case: ReconciliationCase, *, delay_seconds: float) -> bool:
     """Policy `resend`: queue the message again with the same key and record on the case
     that a duplicate is possible. False if the case or message moved on meanwhile."""
@@ -150,7 +156,8 @@ def case_auto_resend(case: ReconciliationCase, *, delay_seconds: float) -> bool:
         if message is None or message.state != State.UNKNOWN:
             return False
         if message.attempts >= message.max_attempts:
-            # The budget is spent: never resend forever; the case waits for an operator.
+            # The budget is spent (RESEND_BUDGET_LEFT): never resend forever; the case waits
+            # for an operator.
             return False
         if not outbox_services.outbound_message_resend(message.pk, from_states=[State.UNKNOWN]):
             return False
@@ -163,3 +170,30 @@ def case_auto_resend(case: ReconciliationCase, *, delay_seconds: float) -> bool:
             details={"attempts": message.attempts, "duplicate_possible": True},
         )
     return True
+
+
+def case_close_delivered_late(message: OutboundMessage, *, attempt_number: int) -> ReconciliationCase | None:
+    """Telegram answered the message's attempt with success after the sweeper had made it
+    `unknown`: the open case (if any) is resolved as delivered, with the reason. A resend
+    already decided stays on record; its send finds the message sent and does nothing."""
+    case = ReconciliationCase.objects.select_for_update().filter(message=message, status=CaseStatus.OPEN).first()
+    reason = f"Telegram answered attempt {attempt_number} with success after its lease had run out"
+    if case is None:
+        audit_record(
+            actor=None,
+            action="reconciliation.delivered_late",
+            target=f"outbox.OutboundMessage:{message.pk}",
+            reason=reason,
+            outcome="sent",
+            details={"idempotency_key": message.idempotency_key},
+        )
+        return None
+    _decide(
+        case,
+        user=None,
+        decision=Decision.MARK_DELIVERED,
+        reason=reason,
+        outcome="delivered (late answer)",
+        details={"telegram_message_id": message.telegram_message_id, "attempt": attempt_number},
+    )
+    return case

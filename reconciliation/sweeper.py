@@ -3,20 +3,21 @@
 Run by celery-beat every DOVECOTE_SWEEP_INTERVAL_SECONDS (scheduled by the data migration
 reconciliation/0002, so `beat` needs no set-up). One sweep:
 
-1. returns inbox updates and consumer runs whose lease expired (worker died) to the queue;
+1. returns inbox updates and consumer runs whose lease expired (worker died) to the queue - a
+   run's lost attempt counts, and a run that lost its last one goes to the dead letters;
 2. moves outbox messages stuck in `sending` past their lease to retry (no request started)
    or to the ambiguous path (`unknown` + a reconciliation case);
 3. resends `unknown` messages whose policy is `resend`, after
    DOVECOTE_AMBIGUOUS_RESEND_DELAY_SECONDS, recording that a duplicate is possible;
 4. cancels work past its max age with a reason (messages past `expires_at`, consumer runs
-   older than their consumer's `max_age`);
+   older than their consumer's `max_age`; such a run with a failure on record is dead-lettered
+   instead, reason `expired`);
 5. redispatches due rows whose broker message was lost - gradually for a destination whose
    circuit just closed, one probe for one whose circuit is open - and resumes a running bulk
    retry whose next tick was lost;
-6. purges payloads past retention and prunes ledger (Effect) and dedupe (InboundUpdate)
-   rows older than DOVECOTE_LEDGER_RETENTION_DAYS (never under Telegram's 24 h), and sent or
-   cancelled messages older than DOVECOTE_OUTBOX_RETENTION_DAYS with their attempts - at
-   most once per DOVECOTE_RETENTION_INTERVAL_SECONDS (default 3600).
+6. runs a retention pass (reconciliation/retention.py): payload purges and pruning of every
+   app's old rows, in batches within DOVECOTE_RETENTION_BUDGET_SECONDS, once per
+   DOVECOTE_RETENTION_INTERVAL_SECONDS - or on the next tick again while a backlog is left.
 
 Two sweepers at once (two beats, a manual run): on PostgreSQL a session advisory lock lets
 one run and the other return at once; PostgreSQL drops the lock with the session, so a
@@ -32,31 +33,28 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, connection
-from django.db.models import Exists, OuterRef, Q, QuerySet
+from django.db.models import Exists, F, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from bots import registry
 from bots import services as bot_services
-from bots import transitions as bot_transitions
 from bots.models import Bot, ConsumerRun, InboundUpdate, RunState, UpdateState
-from outbox import circuits, drain
+from outbox import chat_order, circuits, drain, policy, ratelimit
 from outbox import services as outbox_services
 from outbox import transitions as outbox_transitions
-from outbox.idempotency import idempotency_records_prune
-from outbox.models import Circuit, CircuitState, Effect, EffectState, ErrorClass, OnAmbiguous, OutboundMessage, State
+from outbox.models import Circuit, CircuitState, ErrorClass, OnAmbiguous, OutboundMessage, State
+from reconciliation import retention, triage
 from reconciliation import services as reconciliation_services
-from reconciliation import triage
 from reconciliation.models import BulkRetry, BulkState, CaseStatus, ReconciliationCase
 
 logger = logging.getLogger(__name__)
 
 BATCH = 500
-PRUNE_BATCH = 1000
 # pg_advisory_lock key: "dove" in ASCII.
 SWEEP_LOCK_KEY = 0x646F7665
 WAITING = [State.PENDING, State.RETRY]
@@ -101,41 +99,31 @@ def messages_expired_qs(now: datetime) -> QuerySet[OutboundMessage]:
 
 
 def messages_to_auto_resend_qs(now: datetime) -> QuerySet[OutboundMessage]:
+    """Unknown messages the `resend` policy may still resend: a message whose budget is
+    spent, or without an open case, stays unknown for good and would otherwise hold the
+    head of this queue (oldest first, BATCH at a time) against the ones behind it."""
     delay = timedelta(seconds=settings.DOVECOTE_AMBIGUOUS_RESEND_DELAY_SECONDS)
+    open_case = ReconciliationCase.objects.filter(message=OuterRef("pk"), status=CaseStatus.OPEN)
     return OutboundMessage.objects.filter(
-        state=State.UNKNOWN, updated_at__lte=now - delay, on_ambiguous=OnAmbiguous.RESEND
+        reconciliation_services.RESEND_BUDGET_LEFT,
+        Exists(open_case),
+        state=State.UNKNOWN,
+        updated_at__lte=now - delay,
+        on_ambiguous=OnAmbiguous.RESEND,
     )
 
 
-def messages_due_qs(now: datetime, *, bot_id: int | None = None) -> QuerySet[OutboundMessage]:
-    qs = OutboundMessage.objects.filter(state__in=WAITING, next_attempt_at__lte=now - redispatch_grace())
-    return qs if bot_id is None else qs.filter(bot_id=bot_id)
-
-
-def effects_prunable_qs(cutoff: datetime) -> QuerySet[Effect]:
-    # Unknown and started effects are kept: they have cases, or may still be running.
-    return Effect.objects.filter(created_at__lt=cutoff, state__in=[EffectState.DONE, EffectState.FAILED])
-
-
-def messages_prunable_qs(cutoff: datetime) -> QuerySet[OutboundMessage]:
-    """Sent and cancelled messages last changed before `cutoff`, with their attempts, and with
-    no open dead letter or case (failed and unknown messages are an operator's business)."""
-    from outbox.models import DeadLetter, DeadLetterStatus
-
-    open_letters = DeadLetter.objects.filter(message=OuterRef("pk"), status=DeadLetterStatus.OPEN)
-    open_cases = ReconciliationCase.objects.filter(message=OuterRef("pk"), status=CaseStatus.OPEN)
-    return OutboundMessage.objects.filter(state__in=[State.SENT, State.CANCELLED], updated_at__lt=cutoff).filter(
-        ~Exists(open_letters), ~Exists(open_cases)
-    )
-
-
-def updates_prunable_qs(cutoff: datetime, max_id: int) -> QuerySet[InboundUpdate]:
-    unfinished_runs = ConsumerRun.objects.filter(update=OuterRef("pk")).exclude(
-        state__in=[RunState.DONE, RunState.CANCELLED]
-    )
-    return InboundUpdate.objects.filter(id__lte=max_id, state=UpdateState.DONE, received_at__lt=cutoff).filter(
-        ~Exists(unfinished_runs)
-    )
+def messages_due_qs(
+    now: datetime, *, bot_id: int | None = None, overdue_by: timedelta | None = None
+) -> QuerySet[OutboundMessage]:
+    """Waiting messages due `overdue_by` ago (default: the redispatch grace, i.e. their
+    broker message was lost) that their chat's order lets go now (outbox/chat_order.py):
+    a later message of a chat is never chosen before its head."""
+    overdue = redispatch_grace() if overdue_by is None else overdue_by
+    qs = OutboundMessage.objects.filter(state__in=WAITING, next_attempt_at__lte=now - overdue)
+    if bot_id is not None:
+        qs = qs.filter(bot_id=bot_id)
+    return chat_order.heads(qs, now=now)
 
 
 # --------------------------------------------------------------------------- the lock
@@ -183,17 +171,27 @@ def _recover_inbox(now: datetime, report: dict[str, int]) -> None:
 
 
 def _recover_runs(now: datetime, report: dict[str, int]) -> None:
+    # A lost worker's run: that attempt failed. Retried with backoff, or dead-lettered when
+    # it was the last one (bots.services.consumer_run_recover_expired).
     for pk in _ids(runs_expired_qs(now), "lease_expires_at"):
-        if bot_transitions.release_expired_run(pk):
+        outcome = bot_services.consumer_run_recover_expired(pk)
+        if outcome == "released":
             report["runs_released"] += 1
-            bot_services.dispatch_run(pk)
-    # Runs older than their consumer's max age are not run late: cancelled with a reason.
+        elif outcome == "dead-lettered":
+            report["runs_dead_lettered"] += 1
+    # Runs older than their consumer's max age are not run late: cancelled with a reason, or
+    # dead-lettered when a failure is on record (bots.services.consumer_run_end_stale).
     for spec in registry.registered().values():
         cutoff = now - spec.max_age
-        for pk in _ids(runs_too_old_qs(spec.name, cutoff), "next_attempt_at"):
-            reason = f"older than the consumer's max age ({spec.max_age}); not run late"
-            if bot_transitions.cancel_run(pk, reason=reason):
+        runs = ConsumerRun.objects.select_related("update").filter(
+            pk__in=_ids(runs_too_old_qs(spec.name, cutoff), "next_attempt_at")
+        )
+        for run in runs:
+            outcome = bot_services.consumer_run_end_stale(run, spec=spec)
+            if outcome == "cancelled":
                 report["runs_cancelled_too_old"] += 1
+            elif outcome == "dead-lettered":
+                report["runs_dead_lettered_too_old"] += 1
     for pk in _ids(runs_due_qs(now), "next_attempt_at"):
         n = ConsumerRun.objects.filter(pk=pk, state__in=RUN_WAITING).update(next_attempt_at=now)
         if n and bot_services.dispatch_run(pk):
@@ -262,13 +260,15 @@ def _redispatch_sends(now: datetime, report: dict[str, int]) -> None:
         if circuit.state != CircuitState.CLOSED:
             probe_due = not circuit.manual and circuit.next_probe_at is not None and circuit.next_probe_at <= now
             if probe_due:
-                probe = _ids(messages_due_qs(now, bot_id=bot_id), "next_attempt_at", 1)
+                # The probe is a chat's head that is due now: a later message of its chat
+                # would only wait for the head, and the probe's turn would pass unused.
+                probe = _ids(messages_due_qs(now, bot_id=bot_id, overdue_by=timedelta(0)), "next_attempt_at", 1)
                 report["messages_probes"] += _redispatch(probe, now, probe=True)
             continue
         rate = Bot.objects.filter(pk=bot_id).values_list("rate_limit", flat=True).first()
         allowance = circuits.bot_ramp_allowance(circuit, rate=rate)
         limit = BATCH if allowance is None else min(BATCH, allowance)
-        batch = _ids(messages_due_qs(now, bot_id=bot_id), "next_attempt_at", limit)
+        batch = _ids(messages_due_qs(now, bot_id=bot_id, overdue_by=timedelta(0)), "next_attempt_at", limit)
         report["messages_ramped"] += _redispatch(batch, now)
     qs = messages_due_qs(now)
     if special:
@@ -276,67 +276,73 @@ def _redispatch_sends(now: datetime, report: dict[str, int]) -> None:
     report["messages_redispatched"] += _redispatch(_ids(qs, "next_attempt_at"), now)
 
 
-def _boundary_id(model: Any, field: str, cutoff: datetime) -> int | None:
-    """The largest id whose `field` is before `cutoff`, by binary search on the primary
-    key (ids grow with time): ~log2(n) index lookups, no index on `field` needed."""
-    first = model.objects.order_by("pk").values_list("pk", field).first()
-    if first is None or first[1] >= cutoff:
-        return None
-    lo = first[0]
-    hi = model.objects.order_by("-pk").values_list("pk", flat=True).first()
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        row = model.objects.filter(pk__gte=mid).order_by("pk").values_list("pk", field).first()
-        if row is not None and row[1] < cutoff:
-            lo = row[0]  # >= mid: progress even across gaps in the ids
-        else:
-            hi = mid - 1
-    return lo
+def _parked_due_soon(now: datetime) -> Q:
+    """Rows falling due before the sweep after next whose wait was longer than a broker
+    countdown may be: written more than that long before they fall due, so nobody published
+    them and the row alone holds the wait."""
+    tick = timedelta(seconds=float(settings.DOVECOTE_SWEEP_INTERVAL_SECONDS))
+    # Two ticks ahead: a late or slow beat tick leaves no gap; a row in the overlap is
+    # published twice, and the second task finds it claimed or sent.
+    return Q(next_attempt_at__gt=now, next_attempt_at__lte=now + 2 * tick) & Q(
+        next_attempt_at__gt=F("updated_at") + timedelta(seconds=policy.MAX_BROKER_COUNTDOWN_SECONDS)
+    )
 
 
-def _retention_due() -> bool:
-    """Retention is hourly work, not every tick's: the payload purge scans sent history.
-    A Redis key with a TTL (SET NX EX) lets one sweep per interval do it; without Redis
-    (the demo) or with Redis down, every sweep does."""
-    interval = int(getattr(settings, "DOVECOTE_RETENTION_INTERVAL_SECONDS", 3600))
-    if interval <= 0 or not settings.REDIS_URL:
-        return True
+def messages_upcoming_qs(now: datetime) -> QuerySet[OutboundMessage]:
+    return OutboundMessage.objects.filter(_parked_due_soon(now), state__in=WAITING)
+
+
+def runs_upcoming_qs(now: datetime) -> QuerySet[ConsumerRun]:
+    return ConsumerRun.objects.filter(_parked_due_soon(now), state__in=RUN_WAITING)
+
+
+def _publish_upcoming(now: datetime, report: dict[str, int]) -> None:
+    """Waits longer than a broker countdown (`send_at`, long backoffs, a long retry_after)
+    are parked in their rows; each sweep publishes those that fall due before the next
+    sweep with their exact countdown, so they go on time rather than a redispatch grace
+    late. The task starts with a claim: one that finds the row moved on does nothing."""
+    for pk, due, broadcast in messages_upcoming_qs(now).order_by("next_attempt_at").values_list(
+        "pk", "next_attempt_at", "broadcast"
+    )[:BATCH]:
+        countdown = max(0.0, (due - now).total_seconds())
+        if outbox_services.dispatch(pk, countdown=countdown, bulk=bool(broadcast)):
+            report["messages_published_ahead"] += 1
+    for pk, due in runs_upcoming_qs(now).order_by("next_attempt_at").values_list("pk", "next_attempt_at")[:BATCH]:
+        if bot_services.dispatch_run(pk, countdown=max(0.0, (due - now).total_seconds())):
+            report["runs_published_ahead"] += 1
+
+
+def _sweeper_key() -> str:
+    return f"{settings.DOVECOTE_REDIS_PREFIX}dovecote:sweeper:last-run"
+
+
+def _record_last_run(finished: datetime) -> None:
+    """When the last sweep finished: /readyz and /metrics show it, so a dead beat is seen."""
+    if not settings.REDIS_URL:
+        return
     import redis
 
     try:
-        client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
-        key = f"{getattr(settings, 'DOVECOTE_REDIS_PREFIX', '')}dovecote:sweeper:retention"
-        return bool(client.set(key, "1", nx=True, ex=interval))
+        ratelimit.redis_client().set(_sweeper_key(), finished.timestamp())
+    except redis.RedisError as exc:
+        logger.warning("could not record the sweep's time: %s", exc)
+
+
+def sweeper_last_run() -> datetime | None:
+    """When a sweep last finished (any process), or None if unknown (never, or no Redis)."""
+    if not settings.REDIS_URL:
+        return None
+    import redis
+
+    try:
+        value = ratelimit.redis_client().get(_sweeper_key())
     except redis.RedisError:
-        return True
+        return None
+    return None if value is None else datetime.fromtimestamp(float(value), tz=UTC)
 
 
 def _retention(now: datetime, report: dict[str, int]) -> None:
-    if not _retention_due():
-        return
-    report["payloads_purged"] += outbox_services.outbound_messages_purge_payloads()
-    report["idempotency_records_pruned"] += idempotency_records_prune()
-    # Never under Telegram's 24 hours of update redelivery: a pruned dedupe row would let
-    # a redelivered update in twice.
-    days = max(1, int(settings.DOVECOTE_LEDGER_RETENTION_DAYS))
-    cutoff = now - timedelta(days=days)
-    ids = _ids(effects_prunable_qs(cutoff), "created_at", PRUNE_BATCH)
-    if ids:
-        report["effects_pruned"] += Effect.objects.filter(pk__in=ids).delete()[1].get("outbox.Effect", 0)
-    keep = int(getattr(settings, "DOVECOTE_OUTBOX_RETENTION_DAYS", 0))
-    if keep > 0:
-        # Never under the ledger's retention: a message's key must outlive the updates and
-        # effects that could ask for it again.
-        ids = _ids(messages_prunable_qs(now - timedelta(days=max(keep, days))), "updated_at", PRUNE_BATCH)
-        if ids:
-            deleted = OutboundMessage.objects.filter(pk__in=ids).delete()[1]
-            report["messages_pruned"] += deleted.get("outbox.OutboundMessage", 0)
-    boundary = _boundary_id(InboundUpdate, "received_at", cutoff)
-    if boundary is not None:
-        ids = _ids(updates_prunable_qs(cutoff, boundary), "pk", PRUNE_BATCH)
-        if ids:
-            deleted = InboundUpdate.objects.filter(pk__in=ids).delete()[1]
-            report["updates_pruned"] += deleted.get("bots.InboundUpdate", 0)
+    retention.retention_pass(now, report)
 
 
 def bulk_retries_stalled_qs(now: datetime) -> QuerySet[BulkRetry]:
@@ -353,7 +359,15 @@ def _resume_bulk_retries(now: datetime, report: dict[str, int]) -> None:
             report["bulk_retries_resumed"] += 1
 
 
-STEPS = (_recover_inbox, _recover_runs, _recover_sends, _redispatch_sends, _resume_bulk_retries, _retention)
+STEPS = (
+    _recover_inbox,
+    _recover_runs,
+    _recover_sends,
+    _redispatch_sends,
+    _publish_upcoming,
+    _resume_bulk_retries,
+    _retention,
+)
 
 
 def sweep() -> dict[str, int]:
@@ -363,7 +377,9 @@ def sweep() -> dict[str, int]:
             "updates_redispatched",
             "updates_released",
             "runs_released",
+            "runs_dead_lettered",
             "runs_cancelled_too_old",
+            "runs_dead_lettered_too_old",
             "runs_redispatched",
             "messages_released",
             "messages_unknown",
@@ -372,12 +388,21 @@ def sweep() -> dict[str, int]:
             "messages_probes",
             "messages_ramped",
             "messages_redispatched",
+            "messages_published_ahead",
+            "runs_published_ahead",
             "bulk_retries_resumed",
             "payloads_purged",
             "idempotency_records_pruned",
             "effects_pruned",
             "messages_pruned",
             "updates_pruned",
+            "inbound_payloads_purged",
+            "chat_states_pruned",
+            "cases_pruned",
+            "payload_versions_pruned",
+            "bulk_retries_pruned",
+            "audit_entries_pruned",
+            "retention_unfinished",
         ),
         0,
     )
@@ -389,6 +414,7 @@ def sweep() -> dict[str, int]:
             # Each step re-reads the clock: a long step must not make the next act on
             # a stale "now" (e.g. recovering a lease that was renewed meanwhile).
             step(timezone.now(), report)
+        _record_last_run(timezone.now())
     done = {k: v for k, v in report.items() if v}
     if done:
         logger.info("sweep: %s", done, extra={"sweep": done})

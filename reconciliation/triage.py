@@ -85,8 +85,10 @@ def _check_message(letter: DeadLetter, message: OutboundMessage) -> RetryResult 
             REFUSED,
             f"already delivered: message {message.pk} was sent (Telegram message id {message.telegram_message_id})",
         )
+    # Keys are unique per bot, not across bots: another bot's message with this key is
+    # another message.
     newer = (
-        OutboundMessage.objects.filter(idempotency_key=letter.idempotency_key, state=State.SENT)
+        OutboundMessage.objects.filter(bot_id=message.bot_id, idempotency_key=letter.idempotency_key, state=State.SENT)
         .exclude(pk=message.pk)
         .first()
     )

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import hmac
 import logging
 from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.utils import timezone
 
 from reconciliation.selectors import queue_status
+from reconciliation.sweeper import sweeper_last_run
 
 logger = logging.getLogger(__name__)
 
@@ -42,11 +45,36 @@ def readyz(request: HttpRequest) -> JsonResponse:
     broker_ok, detail = _broker_ok()
     checks["broker"] = "ok" if broker_ok else f"unavailable: {detail}"
     ok = ok and broker_ok
-    return JsonResponse({"ok": ok, "checks": checks}, status=200 if ok else 503)
+    # Informational: a dead beat does not make this process unready, but it must be seen.
+    last_run = sweeper_last_run()
+    sweeper = {
+        "last_run": last_run.isoformat() if last_run else None,
+        "seconds_ago": round((timezone.now() - last_run).total_seconds(), 1) if last_run else None,
+    }
+    return JsonResponse({"ok": ok, "checks": checks, "sweeper": sweeper}, status=200 if ok else 503)
+
+
+def _metrics_refused(request: HttpRequest) -> HttpResponse | None:
+    """/metrics shows queue sizes, bot names and error rates: with DOVECOTE_METRICS_TOKEN it
+    needs `Authorization: Bearer <token>`; without one it is open only with DEBUG on."""
+    token = settings.DOVECOTE_METRICS_TOKEN
+    if not token:
+        if settings.DEBUG:
+            return None
+        return HttpResponse("set DOVECOTE_METRICS_TOKEN to scrape /metrics\n", status=403, content_type="text/plain")
+    given = request.headers.get("Authorization", "")
+    if hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+        return None
+    refused = HttpResponse("a bearer token is required\n", status=401, content_type="text/plain")
+    refused["WWW-Authenticate"] = 'Bearer realm="metrics"'
+    return refused
 
 
 def metrics(request: HttpRequest) -> HttpResponse:
     """Prometheus text format (version 0.0.4)."""
+    refused = _metrics_refused(request)
+    if refused is not None:
+        return refused
     status = queue_status()
     lines: list[str] = []
 
@@ -90,6 +118,12 @@ def metrics(request: HttpRequest) -> HttpResponse:
         "dovecote_circuit_open",
         "1 while a destination's circuit is open or half-open (attempts stopped, queue kept)",
         [({"scope": scope, "state": state}, 1) for scope, state in status["circuits_open"].items()],
+    )
+    last_run = sweeper_last_run()
+    gauge(
+        "dovecote_sweeper_last_run_timestamp_seconds",
+        "when the sweeper last finished a sweep (Unix time; 0 if never): alert when it falls behind",
+        [({}, last_run.timestamp() if last_run else 0)],
     )
     _dashboard_gauges(gauge)
     return HttpResponse("\n".join(lines) + "\n", content_type="text/plain; version=0.0.4; charset=utf-8")

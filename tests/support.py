@@ -20,6 +20,8 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
+# The Authorization header that scrapes /metrics (project/test_settings.py sets the token).
+METRICS_AUTH = {"Authorization": f"Bearer {os.environ.get('DOVECOTE_METRICS_TOKEN', 'test-metrics-token')}"}
 
 
 def free_port() -> int:
@@ -160,6 +162,7 @@ class QueuedTask:
     name: str
     args: list[Any]
     kwargs: dict[str, Any]
+    eta: str | None = None  # ISO time a countdown task runs at
 
 
 def queued(queue: str | None = None) -> list[QueuedTask]:
@@ -174,5 +177,6 @@ def queued(queue: str | None = None) -> list[QueuedTask]:
     for raw in reversed(redis.Redis.from_url(settings.REDIS_URL).lrange(name, 0, -1)):
         message = json.loads(raw)
         args, kwargs, _ = json.loads(base64.b64decode(message["body"]))
-        tasks.append(QueuedTask(message["headers"]["task"], args, kwargs))
+        headers = message["headers"]
+        tasks.append(QueuedTask(headers["task"], args, kwargs, headers.get("eta")))
     return tasks

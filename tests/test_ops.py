@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
+from tests.support import METRICS_AUTH
+
 pytestmark = pytest.mark.django_db
 
 
@@ -32,7 +34,7 @@ def test_metrics_exports_backlog_in_prometheus_text_format(client: Client, bot) 
 
     outbound_message_enqueue(bot_id=bot.pk, chat_id=7, payload={"text": "hi"}, idempotency_key="m1")
 
-    response = client.get("/metrics")
+    response = client.get("/metrics", headers=METRICS_AUTH)
 
     assert response.status_code == 200
     assert response["Content-Type"].startswith("text/plain")
@@ -55,3 +57,37 @@ def test_the_openapi_schema_is_served(client: Client) -> None:
     response = client.get("/api/schema/")
     assert response.status_code == 200
     assert b"/api/v1/messages/" in response.content
+
+
+def test_a_send_lease_shorter_than_a_send_is_refused_by_the_system_check() -> None:
+    from django.core.management import call_command
+    from django.core.management.base import SystemCheckError
+    from django.test import override_settings
+
+    # Defaults: 5 s connect, 15 s read: a send may take 5 + 2 x 15 + 5 + 5.25 s; the lease is 60.
+    call_command("check", "--tag", "dovecote")
+    with override_settings(DOVECOTE_SEND_LEASE_SECONDS=30), pytest.raises(SystemCheckError, match=r"dovecote\.E001"):
+        call_command("check", "--tag", "dovecote")
+    with override_settings(DOVECOTE_SEND_LEASE_SECONDS=30, DOVECOTE_TELEGRAM_READ_TIMEOUT=5):
+        call_command("check", "--tag", "dovecote")
+
+
+@pytest.mark.parametrize(
+    ("token", "debug", "header", "status"),
+    [
+        ("", True, "", 200),
+        ("", False, "", 403),
+        ("s3cret", False, "", 401),
+        ("s3cret", False, "Bearer wrong", 401),
+        ("s3cret", False, "Bearer s3cret", 200),
+        ("s3cret", True, "", 401),
+    ],
+)
+def test_metrics_need_the_bearer_token(client: Client, db, token: str, debug: bool, header: str, status: int) -> None:
+    from django.test import override_settings
+
+    headers = {"Authorization": header} if header else {}
+    with override_settings(DOVECOTE_METRICS_TOKEN=token, DEBUG=debug):
+        response = client.get("/metrics", headers=headers)
+    assert response.status_code == status
+    assert (b"dovecote_outbox_items" in response.content) == (status == 200)

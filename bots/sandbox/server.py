@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import binascii
 import contextlib
+import html
 import json
 import logging
 import math
@@ -800,12 +801,28 @@ def _get_me(state: SandboxState, call: _Call) -> JSONDict:
     }
 
 
-def _checked_text(value: Any, *, caption: bool = False) -> str | None:
+_HTML_TAG = re.compile(r"<(/?)([A-Za-z][A-Za-z0-9-]*)(?:\s(?:[^<>\"']|\"[^\"]*\"|'[^']*')*)?>")
+_HTML_REF = re.compile(r"&(?:#[0-9]+|#[xX][0-9A-Fa-f]+|[A-Za-z][A-Za-z0-9]*);")
+_MARKDOWN_MARKUP = re.compile(r"\\(.)|```[A-Za-z0-9_+-]*|\]\((?:[^()\\]|\\.)*\)|[*_~|`\[\]]|^>", re.M | re.S)
+
+
+def _parsed_length(text: str, parse_mode: Any) -> int:
+    """Telegram's length of a text: UTF-16 code units after entity parsing (HTML tags and
+    Markdown markup do not count; `&amp;` counts as the one character it stands for)."""
+    mode = parse_mode.lower() if isinstance(parse_mode, str) else ""
+    if mode == "html":
+        text = _HTML_REF.sub(lambda m: html.unescape(m.group(0)), _HTML_TAG.sub("", text))
+    elif mode in ("markdown", "markdownv2"):
+        text = _MARKDOWN_MARKUP.sub(lambda m: m.group(1) or "", text)
+    return len(text.encode("utf-16-le", "surrogatepass")) // 2
+
+
+def _checked_text(value: Any, *, caption: bool = False, parse_mode: Any = None) -> str | None:
     if value is None:
         return None
     text = value if isinstance(value, str) else json.dumps(value)
     limit = MAX_CAPTION_LENGTH if caption else MAX_TEXT_LENGTH
-    if len(text) > limit:
+    if _parsed_length(text, parse_mode) > limit:
         raise ApiError(
             400,
             "Bad Request: message caption is too long" if caption else "Bad Request: message is too long",
@@ -818,7 +835,7 @@ def _send_message(state: SandboxState, call: _Call) -> JSONDict:
     text = call.params.get("text")
     if text is None or (isinstance(text, str) and not text.strip()):
         raise ApiError(400, "Bad Request: message text is empty")
-    content: JSONDict = {"text": _checked_text(text)}
+    content: JSONDict = {"text": _checked_text(text, parse_mode=call.params.get("parse_mode"))}
     entities = call.params.get("entities")
     if isinstance(entities, list):
         content["entities"] = entities
@@ -826,7 +843,7 @@ def _send_message(state: SandboxState, call: _Call) -> JSONDict:
 
 
 def _caption(call: _Call) -> JSONDict:
-    caption = _checked_text(call.params.get("caption"), caption=True)
+    caption = _checked_text(call.params.get("caption"), caption=True, parse_mode=call.params.get("parse_mode"))
     return {"caption": caption} if caption else {}
 
 
@@ -920,7 +937,7 @@ def _edit_message_text(state: SandboxState, call: _Call) -> JSONDict | bool:
     text = call.params.get("text")
     if text is None or (isinstance(text, str) and not text.strip()):
         raise ApiError(400, "Bad Request: message text is empty")
-    text = _checked_text(text)
+    text = _checked_text(text, parse_mode=call.params.get("parse_mode"))
     if call.params.get("inline_message_id"):
         return True  # inline messages are not stored; Telegram answers True for them
     stored = state._find_message(call, "message to edit not found")

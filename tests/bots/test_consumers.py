@@ -156,11 +156,37 @@ def test_analytics_records_one_event_per_update_with_its_latency(bot) -> None:
     assert 3000 <= event.latency_ms < 5000
 
 
+@pytest.mark.django_db
+def test_analytics_times_an_edit_of_an_old_message_from_the_edit_not_the_original_date(bot) -> None:
+    now = int(timezone.now().timestamp())
+    edited = message_update(chat_id=7, text="typo fixed", message_id=3, date=now - 60 * 86400)
+    edited["edited_message"] = {**edited.pop("message"), "edit_date": now - 3}
+    update = receive(bot, edited)
+
+    assert execute(update, "analytics") == "done"
+
+    event = AnalyticsEvent.objects.get(update=update)
+    assert event.update_type == "edited_message"
+    assert 3000 <= event.latency_ms < 5000
+    assert event.message_date.timestamp() == now - 60 * 86400  # still the message's own date
+
+
+@pytest.mark.django_db
+def test_analytics_stores_no_latency_for_a_date_too_old_to_be_a_delivery_delay(bot) -> None:
+    update = receive(bot, message_update(chat_id=7, text="from 1970", message_id=4, date=1))
+
+    assert execute(update, "analytics") == "done"
+
+    event = AnalyticsEvent.objects.get(update=update)
+    assert event.latency_ms is None
+    assert event.message_date.year == 1970
+
+
 # --- replay, races, age ----------------------------------------------------------------------
 
 
 @pytest.mark.django_db
-def test_replaying_a_done_update_does_nothing(bot, sandbox) -> None:
+def test_replay_of_a_finished_update_gets_no_second_reply_and_runs_nothing_again(bot, sandbox) -> None:
     payload = message_update(chat_id=31, text="once", message_id=1)
     update = receive(bot, payload)
     for consumer in ("auto_reply", "analytics"):
@@ -177,6 +203,58 @@ def test_replaying_a_done_update_does_nothing(bot, sandbox) -> None:
     assert OutboundMessage.objects.count() == 1
     assert AnalyticsEvent.objects.count() == 1
     assert sandbox.sent_texts(token=bot.token) == ["Echo: once"]
+
+
+@pytest.fixture
+def booking() -> Iterator[list[str]]:
+    """A consumer behind an inline button "Book table 4": it books (an effect, once per
+    press) and answers in the chat. Returns the keys of the bookings made."""
+    booked: list[str] = []
+
+    @registry.consumer("booking", update_types=["callback_query"])
+    def booking(ctx: registry.ConsumerContext) -> str:
+        press = ctx.update.payload["callback_query"]
+        ctx.effect("book", lambda handle: booked.append(handle.key) or {"table": press["data"]})
+        ctx.send(chat_id=ctx.update.chat_id, method="answerCallbackQuery", payload={"callback_query_id": press["id"]})
+        ctx.reply(f"Booked: {press['data']}")
+        return "booked"
+
+    yield booked
+    registry.unregister("booking")
+
+
+@pytest.mark.django_db
+def test_a_key_per_press_not_per_chat_and_button_the_same_button_pressed_again_tomorrow_gets_a_new_answer(
+    bot, sandbox, booking: list[str]
+) -> None:
+    today = sandbox.push_callback(bot.token, chat_id=44, data="table-4", message_id=1)["update"]
+    first = receive(bot, today)
+    assert execute(first, "booking") == "done"
+    assert deliver(bot) == ["sent", "sent"]
+
+    # The next day the same person presses the same button in the same chat: a new
+    # callback query, a new intentional command. A key per chat and button would swallow it.
+    tomorrow = sandbox.push_callback(bot.token, chat_id=44, data="table-4", message_id=1)["update"]
+    assert tomorrow["callback_query"]["id"] != today["callback_query"]["id"]
+    second = receive(bot, tomorrow)
+    assert execute(second, "booking") == "done"
+    assert deliver(bot) == ["sent", "sent"]
+
+    assert sandbox.sent_texts(token=bot.token, chat_id=44) == ["Booked: table-4", "Booked: table-4"]
+    answered = sandbox.calls(token=bot.token, method="answerCallbackQuery")
+    assert [c["params"]["callback_query_id"] for c in answered] == [
+        today["callback_query"]["id"],
+        tomorrow["callback_query"]["id"],
+    ]
+    assert len(set(booking)) == 2  # two bookings, each under its own key
+    keys = set(OutboundMessage.objects.filter(bot=bot).values_list("idempotency_key", flat=True))
+    assert len(keys) == 4
+
+    # While a replay of either press (a redelivered update) does nothing at all.
+    assert inbox_update_store(bot=bot, payload=tomorrow)[1] is False
+    assert consumer_run_execute(run_of(second, "booking").pk) == "not-waiting"
+    assert deliver(bot) == []
+    assert len(booking) == 2
 
 
 @pytest.fixture
@@ -324,3 +402,99 @@ def test_a_model_that_times_out_is_retried_later(bot_factory, model: FakeOpenAI)
     finally:
         release.set()
     assert "unreachable" in run_of(update, "auto_reply").last_error
+
+
+# --- replies longer than Telegram allows -----------------------------------------------------
+
+
+def _joined_with_one_cut(parts: list[str], full: str) -> bool:
+    """The parts are `full` cut once, the whitespace at the cut removed."""
+    first, second = parts
+    return full.startswith(first) and full.endswith(second) and not full[len(first) : -len(second)].strip()
+
+
+@pytest.mark.django_db
+def test_an_echo_of_a_4090_character_message_arrives_as_two_messages_in_order(bot, sandbox) -> None:
+    # 4,090 characters, five of them emoji: 4,095 UTF-16 units, which Telegram accepts from a
+    # person; "Echo: " makes the answer 4,101 units, over Telegram's 4,096.
+    original = "😀" * 5 + " " + ("abcd " * 1000)[:4084]
+    assert len(original) == 4090
+    update = receive(bot, message_update(chat_id=77, text=original, message_id=1))
+
+    assert execute(update, "auto_reply") == "done"
+    assert deliver(bot) == ["sent", "sent"]
+
+    texts = sandbox.sent_texts(token=bot.token, chat_id=77)
+    assert len(texts) == 2
+    assert all(len(t.encode("utf-16-le")) // 2 <= 4096 for t in texts)
+    assert _joined_with_one_cut(texts, "Echo: " + original)
+    assert run_of(update, "auto_reply").state == RunState.DONE
+    assert not DeadLetter.objects.exists()
+    messages = list(OutboundMessage.objects.order_by("pk"))
+    assert [m.idempotency_key for m in messages] == [
+        f"upd:{update.update_id}:auto_reply:0",
+        f"upd:{update.update_id}:auto_reply:0#2",
+    ]
+    assert messages[0].telegram_message_id < messages[1].telegram_message_id
+
+    # The run again (a redelivered task) writes nothing new and sends nothing twice.
+    assert consumer_run_execute(run_of(update, "auto_reply").pk) == "not-waiting"
+    assert deliver(bot) == []
+
+
+@pytest.mark.django_db
+@override_settings(DOVECOTE_REPLY_DEBOUNCE_SECONDS=0.3)
+def test_a_coalesced_burst_longer_than_one_message_is_answered_in_parts_cut_between_messages(bot, sandbox) -> None:
+    first_text, second_text = "a" * 3000, "b" * 3000
+    first = receive(bot, message_update(chat_id=78, text=first_text, message_id=1))
+    second = receive(bot, message_update(chat_id=78, text=second_text, message_id=2))
+    assert execute(first, "auto_reply") == "done"  # coalesced into the second's answer
+    assert execute(second, "auto_reply") == "deferred"
+    run = run_of(second, "auto_reply")
+    time.sleep(max(0.0, (run.next_attempt_at - timezone.now()).total_seconds()) + 0.02)
+
+    assert execute(second, "auto_reply") == "done"
+    assert deliver(bot) == ["sent", "sent"]
+
+    # The echo is one line per message: the cut falls at the line break between them.
+    assert sandbox.sent_texts(token=bot.token, chat_id=78) == ["Echo: " + first_text, second_text]
+    assert run_of(second, "auto_reply").outcome == "answered 2"
+    assert not DeadLetter.objects.exists()
+
+
+@pytest.fixture
+def long_caption_consumer() -> Iterator[None]:
+    @registry.consumer("long_caption", update_types=["message"])
+    def long_caption(ctx: registry.ConsumerContext) -> None:
+        ctx.send(chat_id=ctx.update.chat_id, method="sendPhoto", payload={"photo": "f", "caption": "x" * 1025})
+
+    yield
+    registry.unregister("long_caption")
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("long_caption_consumer")
+def test_a_reply_the_outbox_refuses_dead_letters_the_run_at_once_instead_of_retrying(bot) -> None:
+    update = receive(bot, message_update(chat_id=79, text="photo please", message_id=1))
+
+    assert execute(update, "long_caption") == "dead-lettered"
+
+    run = run_of(update, "long_caption")
+    assert (run.state, run.attempts) == (RunState.FAILED, 1)
+    letter = DeadLetter.objects.get(consumer_run=run)
+    assert letter.reason_class == "permanent"
+    assert "Telegram allows 1024" in letter.last_error
+    assert not OutboundMessage.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_long_model_answer_is_sent_whole_in_parts_not_cut_off(bot_factory, sandbox, model: FakeOpenAI) -> None:
+    shop = bot_factory(responder="openai", openai_model="shop-model-7b")
+    model.reply = "First paragraph. " * 200 + "\n\n" + "Second paragraph. " * 100 + "The end."
+    with override_settings(OPENAI_BASE_URL=model.base_url):
+        update = receive(shop, message_update(chat_id=80, text="Tell me everything", message_id=1))
+        assert execute(update, "auto_reply") == "done"
+        assert deliver(shop) == ["sent", "sent"]
+
+    texts = sandbox.sent_texts(token=shop.token, chat_id=80)
+    assert texts == [("First paragraph. " * 200).strip(), "Second paragraph. " * 100 + "The end."]

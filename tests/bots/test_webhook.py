@@ -124,6 +124,36 @@ def test_a_nul_character_postgres_cannot_store_is_400_not_500(client: Client, bo
     assert not InboundUpdate.objects.exists()
 
 
+def nested(depth: int, *, update_id: int) -> bytes:
+    """An update whose body nests `depth` levels in all (the update object is level 1), built
+    as text: json.dumps itself recurses once per level."""
+    inner = depth - 1
+    return (f'{{"update_id": {update_id}, "message": ' + '{"a": ' * (inner - 1) + "{}" + "}" * inner).encode()
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(b"[" * 100_000, id="100000 open brackets"),
+        pytest.param(nested(10_000, update_id=4), id="an update 10000 objects deep"),
+        pytest.param(nested(65, update_id=4), id="an update one level past the limit"),
+    ],
+)
+def test_a_body_nested_too_deep_is_400_not_500_and_nothing_is_stored(client: Client, bot, body: bytes) -> None:
+    response = post(client, bot, body)
+
+    assert response.status_code == 400
+    assert response.json() == {"ok": False, "error": "body nested deeper than 64 levels"}
+    assert not InboundUpdate.objects.exists()
+
+
+def test_an_update_nested_as_deep_as_the_limit_is_stored(client: Client, bot) -> None:
+    assert post(client, bot, nested(64, update_id=5)).status_code == 200
+
+    payload = InboundUpdate.objects.get(bot=bot, update_id=5).payload
+    assert json.dumps(payload).count("{") == 64
+
+
 @override_settings(DOVECOTE_WEBHOOK_MAX_BYTES=1024)
 def test_a_body_over_the_limit_is_413_and_nothing_is_stored(client: Client, bot) -> None:
     response = post(client, bot, message_update(1, "x" * 2000))

@@ -1,4 +1,5 @@
-"""The four restart points of seed 004, with real processes: a Celery worker (``-P solo``,
+"""Crashes around the restart points of seed 004 (one test per point, named after it, is in
+test_restart_points.py), with real processes: a Celery worker (``-P solo``,
 so a SIGKILL takes the whole worker down), the Bot API sandbox over HTTP, PostgreSQL and
 Redis. The worker kills itself at a named failpoint (DOVECOTE_FAILPOINTS) or is killed by
 the test; the sweeper then runs in-process instead of waiting for beat.
@@ -278,7 +279,7 @@ def test_a_drain_killed_after_claiming_a_batch_is_recovered_and_each_message_sen
     assert sorted(sandbox.sent_texts(token=bot.token)) == [f"batch-f {i}" for i in range(4)]
 
 
-def test_a_drain_killed_after_its_batch_was_answered_leaves_every_message_unknown_and_resends_none(
+def test_a_drain_killed_after_its_batch_was_answered_leaves_every_started_send_unknown_and_resends_none(
     process_env: dict[str, str], processes: list[Process], sandbox, bot_factory
 ) -> None:
     bot = bot_factory()
@@ -288,13 +289,27 @@ def test_a_drain_killed_after_its_batch_was_answered_leaves_every_message_unknow
     answered = len(sandbox.calls(token=bot.token, method="sendMessage"))
     assert 1 <= answered <= 4  # at least the first answer was in; the rest may have been on the wire
 
+    # The batch goes out at the bot's rate-limit slots (about 33 ms apart at 30/s): when the
+    # first answer came back, the later messages may not have started their request yet.
+    # Whatever had started is ambiguous; whatever had not is merely claimed.
     rows = OutboundMessage.objects.filter(pk__in=[m.pk for m in messages])
-    assert {(m.state, m.attempts) for m in rows} == {(State.SENDING, 1)}
+    started = {m.pk for m in rows if m.attempts == 1}
+    assert {(m.state, m.attempts) for m in rows} <= {(State.SENDING, 1), (State.SENDING, 0)}
+    assert answered <= len(started)
     wait_until(lambda: all(lease_expired(m) for m in messages), timeout=LEASE + 5)
-    assert sweep()["messages_unknown"] == 4
-    assert {m.state for m in rows.all()} == {State.UNKNOWN}
-    assert ReconciliationCase.objects.filter(message__in=rows, status=CaseStatus.OPEN).count() == 4
+    report = sweep()
+    assert (report["messages_unknown"], report["messages_released"]) == (len(started), 4 - len(started))
+    assert {m.pk for m in rows.filter(state=State.UNKNOWN)} == started
+    assert ReconciliationCase.objects.filter(message__in=rows, status=CaseStatus.OPEN).count() == len(started)
+
+    # Those that never went out are sent once by a new worker; the unknown ones are not resent.
+    crash_worker(process_env, processes, name="worker-g2")
     with NO_GRACE:
+        wait_until(lambda: rows.filter(state=State.SENT).count() == 4 - len(started), timeout=20)
         sweep()
     time.sleep(0.5)
-    assert len(sandbox.calls(token=bot.token, method="sendMessage")) == answered  # nothing resent
+    texts = sandbox.sent_texts(token=bot.token, delivered=None)
+    for message in rows:
+        # Started ones reached Telegram at most once (never resent); the others exactly once.
+        expected = {0, 1} if message.pk in started else {1}
+        assert texts.count(message.payload["text"]) in expected

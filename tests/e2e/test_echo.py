@@ -39,7 +39,9 @@ def test_each_update_gets_exactly_one_echo_reply(web: str, worker, sandbox, bot_
         assert ConsumerRun.objects.get(update=update, consumer="auto_reply").state == RunState.DONE
 
 
-def test_a_redelivered_update_gets_no_second_reply(web: str, worker, sandbox, bot_factory) -> None:
+def test_replay_of_a_finished_update_redelivered_by_telegram_gets_no_second_reply(
+    web: str, worker, sandbox, bot_factory
+) -> None:
     bot = bot_factory()
     call_command("set_webhook", bot.name, "--url", web)
     first = sandbox.push_message(bot.token, chat_id=555, text="only once")

@@ -3,14 +3,22 @@ status, cancel, broadcasts and the OpenAPI schema."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import pytest
+from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.test import override_settings
+from django.utils import timezone
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from outbox import idempotency, services
+from outbox import idempotency, ratelimit, services
 from outbox.models import IdempotencyRecord, OutboundMessage, State
+from reconciliation.sweeper import sweep
 from tests.outbox.helpers import drive
+from tests.support import free_port, queued
 
 pytestmark = pytest.mark.django_db
 
@@ -58,6 +66,22 @@ def test_the_same_key_and_body_replays_the_first_answer_200(alice, bot) -> None:
     assert again.json() == first.json()
     assert again["Idempotent-Replayed"] == "true"
     assert OutboundMessage.objects.count() == 1
+
+
+def test_replay_of_a_finished_request_after_its_message_was_sent_is_200_with_the_first_answer_and_sends_nothing(
+    alice, bot, sandbox
+) -> None:
+    first = post_message(alice, body_for(bot))
+    assert drive(first.json()["id"])[1].state == State.SENT
+
+    again = post_message(alice, body_for(bot))
+
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert again.json() == first.json()  # the first answer, not the message's state now
+    assert again["Idempotent-Replayed"] == "true"
+    assert OutboundMessage.objects.count() == 1
+    assert drive(first.json()["id"])[0].status == "not-waiting"
+    assert sandbox.sent_texts(token=bot.token) == ["Your order is confirmed"]
 
 
 def test_the_same_key_with_another_body_is_422(alice, bot) -> None:
@@ -117,7 +141,9 @@ def test_two_clients_may_use_the_same_key(alice, bot) -> None:
         ({"method": "launchRocket"}, "method"),
         ({"payload": "text"}, "payload"),
         ({"payload": {"text": ""}}, "payload"),
-        ({"payload": {"text": "x" * 4097}}, "payload"),
+        # A long text is split (tests/outbox/test_long_messages.py); a long caption cannot be.
+        ({"method": "sendPhoto", "payload": {"photo": "f", "caption": "x" * 1025}}, "payload"),
+        ({"payload": {"text": "*x* " * 3000, "parse_mode": "MarkdownV2"}}, "payload"),
         ({"on_ambiguous": "maybe"}, "on_ambiguous"),
         ({"send_at": "tomorrow"}, "send_at"),
         ({"send_at": "2030-01-02T00:00:00Z", "expires_at": "2030-01-01T00:00:00Z"}, "expires_at"),
@@ -204,6 +230,49 @@ def test_a_broadcast_needs_a_key_and_valid_chats(alice, bot) -> None:
     empty = alice.post("/api/v1/broadcasts/", {**body, "chat_ids": []}, format="json", HTTP_IDEMPOTENCY_KEY="b")
     assert empty.status_code == 400
     assert "chat_ids" in empty.json()
+
+
+@contextmanager
+def limiter_redis_at(url: str) -> Iterator[None]:
+    """Point this process's rate limiter and outbox keys at another Redis (its clients are
+    cached per process), and back at the real one afterwards."""
+    caches = (
+        ratelimit._storage,
+        ratelimit._limiter,
+        ratelimit.redis_client,
+        ratelimit._reserve_script,
+        ratelimit._reserve_many_script,
+    )
+    try:
+        with override_settings(REDIS_URL=url):
+            for cached in caches:
+                cached.cache_clear()
+            yield
+    finally:
+        for cached in caches:
+            cached.cache_clear()
+
+
+def test_a_broadcast_while_redis_is_down_is_stored_201_and_the_sweeper_sends_it_later(alice, bot, sandbox) -> None:
+    body = {"bot": bot.name, "chat_ids": [21, 22, 23], "payload": {"text": "Sale starts now"}}
+    with limiter_redis_at(f"redis://127.0.0.1:{free_port()}/0"):  # nothing listens there
+        response = alice.post("/api/v1/broadcasts/", body, format="json", HTTP_IDEMPOTENCY_KEY="sale-redis-down")
+
+    assert response.status_code == 201, response.content
+    data = response.json()
+    messages = OutboundMessage.objects.filter(pk__in=data["message_ids"])
+    assert (data["created"], messages.count()) == (3, 3)
+    # No slot was reserved: each is due now, in its row, for the sweeper (or a drain).
+    assert {m.state for m in messages} == {State.PENDING}
+    assert all(m.next_attempt_at <= timezone.now() for m in messages)
+
+    # Redis is back: the sweeper hands them to workers, which send each once.
+    with override_settings(DOVECOTE_REDISPATCH_GRACE_SECONDS=0):
+        assert sweep()["messages_redispatched"] == 3
+    tasks = queued() + queued(settings.CELERY_TASK_QUEUE_BULK)
+    assert {t.args[0] for t in tasks if t.name == "outbox.send_outbound_message"} == set(data["message_ids"])
+    assert {drive(pk)[1].state for pk in data["message_ids"]} == {State.SENT}
+    assert sorted(c["chat_id"] for c in sandbox.calls(token=bot.token, method="sendMessage")) == [21, 22, 23]
 
 
 def test_the_broadcast_service_called_twice_creates_nothing_new(bot) -> None:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from telegram import error as tg_error
 
-from outbox import services
+from outbox import services, telegram
 from outbox.models import Circuit, CircuitState, DeadLetter, ErrorClass, OutboundMessage, State
 from reconciliation.models import ReconciliationCase
 from tests.outbox.helpers import drive, enqueue
@@ -105,6 +106,32 @@ def test_a_permanent_error_is_dead_lettered_at_once(bot, sandbox, fault, status)
     assert message.attempt_set.get().http_status == status
     assert DeadLetter.objects.get(message=message).reason_class == ErrorClass.PERMANENT
     assert len(sandbox.calls(token=bot.token)) == 1
+
+
+@pytest.mark.parametrize(
+    "description",
+    [
+        "Bad Request: message is too long",
+        "Bad Request: message caption is too long",
+        'Bad Request: can\'t parse entities: Unsupported start tag "blink"',
+        "Bad Request: message is not modified",
+        "Bad Request: chat not found",
+    ],
+)
+def test_every_400_is_permanent_at_once_whatever_it_says(description) -> None:
+    outcome = telegram.classify(tg_error.BadRequest(description))
+
+    assert (outcome.error_class, outcome.http_status) == (ErrorClass.PERMANENT, 400)
+
+
+def test_a_400_whose_body_is_not_json_is_permanent_too() -> None:
+    # python-telegram-bot raises BadRequest from the parsing error (a proxy's HTML page).
+    try:
+        raise tg_error.BadRequest("Bad Request (400)") from tg_error.TelegramError("Invalid server response")
+    except tg_error.BadRequest as exc:
+        outcome = telegram.classify(exc)
+
+    assert outcome.error_class == ErrorClass.PERMANENT
 
 
 def test_a_401_opens_the_bots_circuit_and_keeps_its_queue(bot, sandbox) -> None:

@@ -3,14 +3,17 @@ operator's (mark delivered, resend with the same key, cancel) or the `resend` po
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.contrib.auth import get_user_model
 from django.test import override_settings
+from django.utils import timezone
 
 from outbox.effects import effect_run
 from outbox.models import Effect, EffectState, OnAmbiguous, OutboundMessage, State
 from outbox.services import outbound_message_enqueue, outbound_message_send
-from reconciliation import services
+from reconciliation import services, sweeper
 from reconciliation.models import AuditEntry, CaseStatus, Decision, ReconciliationCase
 from reconciliation.sweeper import sweep
 from tests.support import wait_until
@@ -143,6 +146,40 @@ def test_policy_resend_stops_when_the_budget_is_spent(bot, sandbox) -> None:
     message.refresh_from_db()
     assert message.state == State.UNKNOWN
     assert ReconciliationCase.objects.get(message=message).status == CaseStatus.OPEN
+
+
+def test_unknown_messages_whose_budget_is_spent_do_not_starve_a_resendable_one(bot) -> None:
+    now = timezone.now()
+
+    def unknown(key: str, *, attempts: int) -> OutboundMessage:
+        return OutboundMessage(
+            bot=bot,
+            chat_id=4242,
+            payload={"text": key},
+            idempotency_key=key,
+            state=State.UNKNOWN,
+            on_ambiguous=OnAmbiguous.RESEND,
+            attempts=attempts,
+            max_attempts=2,
+            next_attempt_at=now,
+        )
+
+    # More spent ones than one sweep looks at, all older (first in the queue) than the new one.
+    spent = OutboundMessage.objects.bulk_create([unknown(f"spent-{i}", attempts=2) for i in range(sweeper.BATCH + 1)])
+    OutboundMessage.objects.filter(pk__in=[m.pk for m in spent]).update(updated_at=now - timedelta(hours=1))
+    fresh = OutboundMessage.objects.bulk_create([unknown("fresh", attempts=1)])[0]
+    OutboundMessage.objects.filter(pk=fresh.pk).update(updated_at=now - timedelta(minutes=1))
+    ReconciliationCase.objects.bulk_create(
+        ReconciliationCase(message=m, idempotency_key=m.idempotency_key, policy="resend") for m in [*spent, fresh]
+    )
+
+    with override_settings(**NO_WAIT):
+        assert sweep()["messages_auto_resent"] == 1
+
+    fresh.refresh_from_db()
+    assert (fresh.state, fresh.idempotency_key) == (State.RETRY, "fresh")
+    assert OutboundMessage.objects.filter(state=State.UNKNOWN).count() == sweeper.BATCH + 1
+    assert ReconciliationCase.objects.filter(status=CaseStatus.OPEN).count() == sweeper.BATCH + 1
 
 
 def test_an_operator_settles_an_unknown_effect_and_the_barrier_then_skips_it(db: None, alice) -> None:

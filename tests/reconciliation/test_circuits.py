@@ -17,6 +17,7 @@ from outbox.models import Circuit, CircuitState, OutboundMessage, State
 from outbox.services import outbound_message_enqueue, outbound_message_send
 from reconciliation.sweeper import sweep
 from tests.reconciliation.factories import message_row
+from tests.support import METRICS_AUTH
 
 NO_GRACE = {"DOVECOTE_REDISPATCH_GRACE_SECONDS": 0, "DOVECOTE_SWEEP_INTERVAL_SECONDS": 15}
 
@@ -46,7 +47,7 @@ def test_a_revoked_token_opens_the_circuit_once_and_keeps_the_queue(bot, sandbox
 
 def test_the_metrics_show_an_open_circuit(bot, client) -> None:
     circuits.open_for_auth(f"bot:{bot.pk}", reason="Unauthorized")
-    body = client.get("/metrics").content.decode()
+    body = client.get("/metrics", headers=METRICS_AUTH).content.decode()
     assert f'dovecote_circuit_open{{scope="bot:{bot.pk}",state="open"}} 1' in body
 
 
@@ -152,3 +153,56 @@ def test_the_sweeper_releases_one_probe_for_an_open_bot_and_ramps_its_backlog_af
 
     n = circuits.RAMP_FIRST_BATCH
     assert (first, second, third) == (n, 2 * n, 4 * n)
+
+
+def _run_queued_sends() -> None:
+    """Play the worker in-process: run the send and drain tasks the sweeper published, once."""
+    import redis
+    from django.conf import settings
+
+    from outbox.drain import outbound_messages_drain
+    from tests.support import queued
+
+    tasks = queued()
+    redis.Redis.from_url(settings.REDIS_URL).delete(f"{settings.DOVECOTE_REDIS_PREFIX}{settings.CELERY_TASK_DEFAULT_QUEUE}")
+    for task in tasks:
+        if task.name == "outbox.send_outbound_message":
+            outbound_message_send(task.args[0])
+        elif task.name == "outbox.drain_bot":
+            outbound_messages_drain(task.args[0])
+
+
+@override_settings(**NO_GRACE, DOVECOTE_RATE_LIMITS_ENABLED=False)
+def test_a_bot_whose_chats_hold_two_messages_each_recovers_after_an_outage(bot, sandbox) -> None:
+    """Found from outside: 502s for 8 s while 10 chats held two replies each; jittered backoff
+    made each chat's second message due before its head, the probe picked a second message,
+    which may not overtake its head, and the bot never came back."""
+    now = timezone.now()
+    for chat in range(10):
+        for n, due_ago in ((1, 1), (2, 5)):  # the second falls due before the head
+            message_row(
+                bot,
+                key=f"outage-{chat}-{n}",
+                state=State.RETRY,
+                chat_id=7000 + chat,
+                payload={"text": f"chat {chat} reply {n}"},
+                attempts=3,
+                next_attempt_at=now - timedelta(seconds=due_ago),
+            )
+    scope = f"bot:{bot.pk}"
+    circuits.record_failure(scope, reason="502")
+    Circuit.objects.filter(scope=scope).update(consecutive_failures=circuits.FAILURES_TO_OPEN)
+    circuits.record_failure(scope, reason="502")
+    assert Circuit.objects.get(scope=scope).state == CircuitState.OPEN
+    probe_due(scope)
+
+    for _ in range(10):
+        sweep()
+        _run_queued_sends()
+        if OutboundMessage.objects.filter(bot=bot, state=State.SENT).count() == 20:
+            break
+
+    assert Circuit.objects.get(scope=scope).state == CircuitState.CLOSED
+    assert OutboundMessage.objects.filter(bot=bot, state=State.SENT).count() == 20
+    for chat in range(10):
+        assert sandbox.sent_texts(token=bot.token, chat_id=7000 + chat) == [f"chat {chat} reply {n}" for n in (1, 2)]

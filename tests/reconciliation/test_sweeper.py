@@ -12,11 +12,13 @@ from django.db import connection, connections
 from django.test import override_settings
 from django.utils import timezone
 
+from bots import transitions as bot_transitions
 from bots.models import ConsumerRun, InboundUpdate, RunState, UpdateState
-from outbox.models import Attempt, Effect, EffectState, ErrorClass, OutboundMessage, State
+from outbox.models import Attempt, DeadLetter, Effect, EffectState, ErrorClass, OutboundMessage, State
 from reconciliation.models import CaseStatus, ReconciliationCase
 from reconciliation.sweeper import SWEEP_LOCK_KEY, sweep
 from tests.reconciliation.factories import message_row, open_attempt, stored_update
+from tests.support import METRICS_AUTH
 
 NO_GRACE = {"DOVECOTE_REDISPATCH_GRACE_SECONDS": 0}
 
@@ -92,6 +94,96 @@ def test_a_consumer_run_whose_worker_died_is_retried(bot) -> None:
     assert sweep()["runs_released"] == 1
     run.refresh_from_db()
     assert (run.state, run.lease_owner) == (RunState.RETRY, "")
+
+
+def _lose_the_worker(run: ConsumerRun) -> None:
+    """A worker claims the run (as consumer_run_execute does) and dies or hangs: its lease runs out."""
+    ConsumerRun.objects.filter(pk=run.pk).update(next_attempt_at=timezone.now())
+    assert bot_transitions.claim_run(run.pk, worker="doomed:1", lease=timedelta(seconds=30))
+    ConsumerRun.objects.filter(pk=run.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+
+
+def test_each_lost_worker_spends_an_attempt_and_the_last_one_sends_the_run_to_the_dead_letters(bot) -> None:
+    update = stored_update(bot)
+    run = ConsumerRun.objects.create(
+        update=update,
+        bot=bot,
+        consumer="auto_reply",
+        max_attempts=3,
+        next_attempt_at=timezone.now(),
+        trace_id=update.trace_id,
+    )
+
+    for attempt in (1, 2):
+        _lose_the_worker(run)
+        report = sweep()
+        run.refresh_from_db()
+        assert (report["runs_released"], report["runs_dead_lettered"]) == (1, 0)
+        assert (run.state, run.attempts, run.last_error_class) == (RunState.RETRY, attempt, "transient")
+        assert "lease" in run.last_error
+        assert run.next_attempt_at > timezone.now()  # after the consumer's backoff, not at once
+        assert not DeadLetter.objects.exists()
+
+    _lose_the_worker(run)
+    report = sweep()
+    again = sweep()
+
+    run.refresh_from_db()
+    assert (report["runs_released"], report["runs_dead_lettered"]) == (0, 1)
+    assert again["runs_dead_lettered"] == 0
+    assert (run.state, run.attempts, run.last_error_class) == (RunState.FAILED, 3, "exhausted")
+    assert run.finished_at is not None
+    letter = DeadLetter.objects.get()
+    assert (letter.consumer_run_id, letter.consumer, letter.reason_class) == (run.pk, "auto_reply", "exhausted")
+    assert "lease" in letter.last_error
+    assert letter.trace_id == update.trace_id
+
+
+def test_a_lost_run_past_its_budget_is_never_cancelled_for_its_age(bot) -> None:
+    update = stored_update(bot)
+    InboundUpdate.objects.filter(pk=update.pk).update(received_at=timezone.now() - timedelta(days=2))
+    run = ConsumerRun.objects.create(
+        update=update,
+        bot=bot,
+        consumer="auto_reply",
+        max_attempts=1,
+        next_attempt_at=timezone.now(),
+        trace_id=update.trace_id,
+    )
+    _lose_the_worker(run)
+
+    report = sweep()
+
+    run.refresh_from_db()
+    assert (report["runs_dead_lettered"], report["runs_cancelled_too_old"]) == (1, 0)
+    assert run.state == RunState.FAILED
+    assert DeadLetter.objects.get(consumer_run=run).reason_class == "exhausted"
+
+
+def test_a_failed_run_older_than_its_consumers_max_age_goes_to_the_dead_letters_not_cancelled(bot) -> None:
+    update = stored_update(bot)
+    InboundUpdate.objects.filter(pk=update.pk).update(received_at=timezone.now() - timedelta(days=2))
+    run = ConsumerRun.objects.create(
+        update=update,
+        bot=bot,
+        consumer="auto_reply",
+        state=RunState.RETRY,
+        attempts=2,
+        next_attempt_at=timezone.now(),
+        last_error="worker lost: still running when its lease ran out",
+        last_error_class="transient",
+        trace_id=update.trace_id,
+    )
+
+    report = sweep()
+
+    run.refresh_from_db()
+    assert (report["runs_dead_lettered_too_old"], report["runs_cancelled_too_old"]) == (1, 0)
+    assert (run.state, run.last_error_class, run.cancel_reason) == (RunState.FAILED, "expired", "")
+    letter = DeadLetter.objects.get(consumer_run=run)
+    assert letter.reason_class == "expired"
+    assert letter.first_error == "worker lost: still running when its lease ran out"
+    assert "max age" in letter.last_error
 
 
 def test_a_consumer_run_older_than_its_consumers_max_age_is_cancelled_not_run_late(bot) -> None:
@@ -221,9 +313,20 @@ def test_a_second_sweeper_steps_aside_while_one_holds_the_lock(bot) -> None:
 
 
 def test_a_sweeper_killed_mid_sweep_does_not_orphan_the_lock(bot) -> None:
+    from tests.support import wait_until
+
     other = _other_session()
-    other.execute("SELECT pg_try_advisory_lock(%s)", [SWEEP_LOCK_KEY])
+    pid = other.execute("SELECT pg_backend_pid() FROM pg_advisory_lock(%s)", [SWEEP_LOCK_KEY]).fetchone()[0]
     other.close()  # the session ends, as when the process is killed
+    # The server ends the backend a moment after the client hangs up (longer on a busy machine).
+    with connection.cursor() as cursor:
+
+        def backend_gone() -> bool:
+            cursor.execute("SELECT pg_stat_clear_snapshot()")  # the view is a per-transaction snapshot
+            cursor.execute("SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = %s)", [pid])
+            return cursor.fetchone()[0]
+
+        wait_until(backend_gone, timeout=10, message="the killed sweeper's session to end")
     assert "skipped" not in sweep()
 
 
@@ -254,3 +357,59 @@ def test_two_sweepers_at_once_recover_each_row_exactly_once(bot_factory) -> None
     assert ReconciliationCase.objects.count() == 20
     assert OutboundMessage.objects.filter(state=State.UNKNOWN).count() == 20
     assert all(m.attempt_set.count() <= 1 for m in OutboundMessage.objects.all())
+
+
+def test_a_wait_longer_than_a_broker_countdown_is_published_ahead_with_its_exact_countdown(bot) -> None:
+    """Found from outside: `send_at` and waits over 60 s were parked in the row and picked up
+    by a sweep only after the redispatch grace, 30-45 s late."""
+    from datetime import datetime
+
+    from tests.support import queued
+
+    now = timezone.now()
+    # Scheduled 90 s ahead when it was written, 80 s ago: due in 10 s.
+    due = now + timedelta(seconds=10)
+    parked = message_row(bot, key="parked", send_at=due, next_attempt_at=due)
+    OutboundMessage.objects.filter(pk=parked.pk).update(updated_at=now - timedelta(seconds=80))
+    # A short backoff was published with its countdown when it was scheduled: not again.
+    message_row(bot, key="short", state=State.RETRY, chat_id=1, next_attempt_at=now + timedelta(seconds=5))
+    # Due after the next two ticks: the next sweeps publish it.
+    later = message_row(bot, key="later", chat_id=2, next_attempt_at=now + timedelta(seconds=300))
+    OutboundMessage.objects.filter(pk=later.pk).update(updated_at=now - timedelta(seconds=80))
+
+    with override_settings(DOVECOTE_SWEEP_INTERVAL_SECONDS=15):
+        report = sweep()
+
+    assert report["messages_published_ahead"] == 1
+    [task] = [t for t in queued() if t.name == "outbox.send_outbound_message"]
+    assert task.args == [parked.pk]
+    eta = datetime.fromisoformat(task.eta)
+    assert abs((eta - (now + timedelta(seconds=10))).total_seconds()) < 1.0
+
+
+def test_a_consumer_run_parked_past_a_broker_countdown_is_published_ahead(bot) -> None:
+    from tests.support import queued
+
+    update = stored_update(bot)
+    now = timezone.now()
+    run = ConsumerRun.objects.create(
+        update=update, bot=bot, consumer="analytics", state=RunState.RETRY, next_attempt_at=now + timedelta(seconds=12)
+    )
+    ConsumerRun.objects.filter(pk=run.pk).update(updated_at=now - timedelta(seconds=200))
+
+    report = sweep()
+
+    assert report["runs_published_ahead"] == 1
+    assert [t.args for t in queued() if t.name == "bots.run_consumer"] == [[run.pk]]
+
+
+def test_readyz_and_metrics_say_when_the_sweeper_last_ran(client, db) -> None:
+    before = client.get("/readyz").json()["sweeper"]
+    sweep()
+    after = client.get("/readyz").json()["sweeper"]
+
+    assert before == {"last_run": None, "seconds_ago": None}
+    assert 0 <= after["seconds_ago"] < 5
+    metrics = client.get("/metrics", headers=METRICS_AUTH).content.decode()
+    line = next(x for x in metrics.splitlines() if x.startswith("dovecote_sweeper_last_run_timestamp_seconds "))
+    assert abs(float(line.split()[1]) - timezone.now().timestamp()) < 5

@@ -6,24 +6,35 @@ each plan must name the expected index."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.db import connection
 from django.utils import timezone
 
-from bots.models import ConsumerRun, InboundUpdate, RunState, UpdateState
+from bots import retention as bot_retention
+from bots.models import ChatState, ConsumerRun, InboundUpdate, RunState, UpdateState
+from outbox import retention
 from outbox.models import Effect, EffectState, OutboundMessage, State
 from reconciliation import sweeper
+from reconciliation.retention import case_kept_exists
 from tests.reconciliation.factories import message_row, stored_update
 
 NOW = timezone.now()
+# Every history row is older than this: retention's queries see a table of prunable rows.
+LATER = NOW + timedelta(days=1)
 ROWS = 3000
 
 PLANS: list[tuple[str, Callable[[], Any], str, str]] = [
     ("unrouted updates", lambda: sweeper.updates_unrouted_qs(NOW), "next_attempt_at", "inbox_due_idx"),
     ("expired update leases", lambda: sweeper.updates_expired_qs(NOW), "lease_expires_at", "inbox_lease_idx"),
-    ("expired run leases", lambda: sweeper.runs_expired_qs(NOW), "lease_expires_at", "run_lease_idx"),
+    (
+        "expired run leases",
+        lambda: sweeper.runs_expired_qs(NOW),
+        "lease_expires_at",
+        "run_lease_idx|run_unfinished_idx",
+    ),
     ("due runs", lambda: sweeper.runs_due_qs(NOW), "next_attempt_at", "run_due_idx"),
     ("runs past max age", lambda: sweeper.runs_too_old_qs("auto_reply", NOW), "next_attempt_at", "run_due_idx"),
     (
@@ -40,15 +51,57 @@ PLANS: list[tuple[str, Callable[[], Any], str, str]] = [
         "updated_at",
         "outbox_state_updated_idx",
     ),
-    ("prunable effects", lambda: sweeper.effects_prunable_qs(NOW), "created_at", "effect_created_idx"),
+    ("prunable effects", lambda: retention.effects_prunable_qs(LATER), "created_at", "effect_created_idx"),
     (
-        "prunable messages",
-        lambda: sweeper.messages_prunable_qs(NOW),
+        "prunable sent messages",
+        lambda: retention.messages_prunable_qs(State.SENT, LATER, reconciliation_keep(LATER)),
         "updated_at",
         "outbox_state_updated_idx",
     ),
+    (
+        "prunable failed messages",
+        lambda: retention.messages_prunable_qs(State.FAILED, LATER, reconciliation_keep(LATER)),
+        "updated_at",
+        "outbox_state_updated_idx",
+    ),
+    ("payloads to purge", lambda: retention.payloads_purgeable_qs(LATER), "sent_at", "outbox_purge_idx"),
+    (
+        "inbound payloads to purge",
+        lambda: bot_retention.payloads_purgeable_qs(LATER),
+        "received_at",
+        "inbox_purge_idx",
+    ),
+    (
+        "prunable updates",
+        lambda: bot_retention.updates_prunable_qs(LATER, middle_update_id()),
+        "pk",
+        "bots_inboundupdate_pkey",
+    ),
+    (
+        "prunable updates with failed runs",
+        lambda: bot_retention.updates_failed_prunable_qs(LATER, middle_update_id()),
+        "pk",
+        "bots_inboundupdate_pkey",
+    ),
+    (
+        "prunable chat states",
+        lambda: bot_retention.chat_states_prunable_qs(LATER),
+        "updated_at",
+        "chatstate_updated_idx",
+    ),
+    ("prunable API keys", lambda: retention.idempotency_prunable_qs(LATER), "created_at", "idempotency_created_idx"),
     ("stalled bulk retries", lambda: sweeper.bulk_retries_stalled_qs(NOW), "ticked_at", "bulkretry_running_idx"),
 ]
+
+
+def middle_update_id() -> int:
+    """A boundary (see outbox.retention.boundary_id) half way through the inbox."""
+    ids = InboundUpdate.objects.order_by("pk").values_list("pk", flat=True)
+    return ids[ROWS // 2]
+
+
+def reconciliation_keep(now: Any) -> list:
+    return [case_kept_exists("message", now), *bot_retention.keep_messages()]
 
 
 def clone_rows(model: Any, template_pk: int, n: int, overrides: dict[str, str]) -> None:
@@ -82,6 +135,10 @@ def history(bot) -> None:
     )
     sent = message_row(bot, state=State.SENT)
     clone_rows(OutboundMessage, sent.pk, ROWS, {"idempotency_key": "'hist-' || g"})
+    failed = message_row(bot, key="failed", state=State.FAILED)
+    clone_rows(OutboundMessage, failed.pk, ROWS, {"idempotency_key": "'hist-failed-' || g"})
+    chat = ChatState.objects.create(bot=bot, chat_id=1)
+    clone_rows(ChatState, chat.pk, ROWS, {"chat_id": "g + 1"})
     effect = Effect.objects.create(key="eff:hist", state=EffectState.DONE)
     clone_rows(Effect, effect.pk, ROWS, {"key": "'eff:hist:' || g"})
 

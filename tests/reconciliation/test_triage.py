@@ -14,6 +14,7 @@ from outbox.models import Circuit, CircuitState, DeadLetter, DeadLetterStatus, E
 from reconciliation import triage
 from reconciliation.models import AuditEntry, BulkRetry, BulkState, PayloadVersion
 from reconciliation.sweeper import sweep
+from tests.reconciliation.factories import message_row
 from tests.reconciliation.triage_helpers import failed_by_sandbox, failed_row, failed_run, message_of, persona, send_now
 from tests.support import queued
 
@@ -69,6 +70,21 @@ def test_retry_is_refused_when_the_message_was_delivered_meanwhile(bot, alice) -
     assert result.outcome == triage.REFUSED
     assert "already delivered" in result.reason
     assert "77" in result.reason
+
+
+def test_retry_of_one_bots_message_is_not_refused_because_another_bot_sent_the_same_key(
+    sandbox, bot_factory, alice
+) -> None:
+    shop, support = bot_factory(), bot_factory()
+    # Keys are unique per bot: each bot's producer may choose "order:1" for its own message.
+    message_row(shop, key="order:1", state=State.SENT, telegram_message_id=501)
+    letter = failed_by_sandbox(sandbox, support, text="Your ticket is open", key="order:1")
+
+    result = triage.dead_letter_retry(letter, alice, "user unblocked the bot")
+
+    assert result.outcome == triage.REQUEUED, result.reason
+    assert send_now(letter.message_id) == "sent"
+    assert sandbox.sent_texts(token=support.token) == ["Your ticket is open"]
 
 
 @pytest.mark.parametrize(

@@ -185,6 +185,31 @@ def test_validation_errors_and_unknown_methods(server: SandboxServer, sandbox: S
     ]
 
 
+def test_lengths_are_counted_as_telegram_does_in_utf16_units_after_parsing(
+    server: SandboxServer, sandbox: SandboxClient
+) -> None:
+    async def body(bot: telegram.Bot) -> None:
+        # An emoji outside the BMP is two UTF-16 units: 2,049 of them are 4,098.
+        with pytest.raises(BadRequest, match="too long"):
+            await bot.send_message(1, "😀" * 2049)
+        assert await bot.send_message(1, "😀" * 2048)
+        # HTML tags do not count and &amp; is one character.
+        assert await bot.send_message(1, "<b>" + "&amp;" * 4096 + "</b>", parse_mode="HTML")
+        with pytest.raises(BadRequest, match="too long"):
+            await bot.send_message(1, "<b>" + "&amp;" * 4097 + "</b>", parse_mode="HTML")
+        # Without a parse_mode the same markup is text, and counts.
+        with pytest.raises(BadRequest, match="too long"):
+            await bot.send_message(1, "<b>" + "x" * 4090 + "</b>")
+        assert await bot.send_message(1, "*" + "x" * 4096 + "*", parse_mode="MarkdownV2")
+        with pytest.raises(BadRequest, match="caption is too long"):
+            await bot.send_photo(1, "file-1", caption="😀" * 513)
+        assert await bot.send_photo(1, "file-1", caption="<i>" + "x" * 1024 + "</i>", parse_mode="HTML")
+
+    run_bot(server, body)
+    sends = [c["status"] for c in sandbox.calls(token=TOKEN) if c["method"] != "getMe"]
+    assert sends == [400, 200, 200, 400, 400, 200, 400, 200]
+
+
 def test_form_json_query_and_multipart_bodies(server: SandboxServer, sandbox: SandboxClient) -> None:
     markup = {"inline_keyboard": [[{"text": "Yes", "callback_data": "y"}]]}
     with httpx.Client(base_url=f"{server.base_url}/bot{TOKEN}") as http:

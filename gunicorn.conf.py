@@ -1,0 +1,31 @@
+"""gunicorn's settings for the `web` process; gunicorn reads this file from the working
+directory, so the Procfile's `web: gunicorn project.wsgi` needs no flags.
+
+Where it listens: `BIND` if set; else `0.0.0.0:$PORT` when the platform sets `PORT` (Heroku,
+Render, Railway, Dokku route to it from outside the dyno); else 127.0.0.1:8000 for local use.
+"""
+
+import os
+
+if os.environ.get("BIND"):
+    bind = [os.environ["BIND"]]
+elif os.environ.get("PORT"):
+    bind = [f"0.0.0.0:{os.environ['PORT']}"]
+else:
+    bind = ["127.0.0.1:8000"]
+
+# Platforms size this from the dyno's memory; 2 processes x 4 threads fits a 512 MB dyno.
+workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
+threads = int(os.environ.get("WEB_THREADS", "4"))
+accesslog = "-"
+# A platform sends SIGKILL 30 s after SIGTERM: finish the requests in flight well before.
+graceful_timeout = 20
+# The webhook answers in milliseconds; a request still running after this is stuck.
+timeout = 30
+
+
+def on_starting(server: object) -> None:
+    """Fail closed in the master, before any worker: one line naming what is missing."""
+    from project.failclosed import load_settings_or_exit
+
+    load_settings_or_exit()

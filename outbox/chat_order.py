@@ -1,0 +1,52 @@
+"""The one rule of a chat's order: only the head of a chat's queue may go.
+
+An ordered message may be sent only when no earlier ordered message (smaller id) of the same
+bot and chat is still open: waiting in `retry`, being sent (`sending`), or `pending` and due
+by its sender's schedule. A pending message its sender scheduled for later (`send_at` in the
+future) does not hold the chat up; one only deferred by a rate limit or a backoff does.
+`unknown`, `failed`, `cancelled` and `sent` messages never block: the next one proceeds.
+Unordered messages (broadcasts, calls that are not messages) never wait and never block.
+
+Every path that chooses what to send next - the drain's claim, the single send, the kick of
+a chat's next message, the sweeper's redispatch, ramp and circuit probe - uses this module,
+so the rule is written here once. It is plain SQL (PostgreSQL and SQLite both run it) with
+one parameter, the current time; `outbox_open_chat_idx` serves its EXISTS.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.db.models import BooleanField, QuerySet
+from django.db.models.expressions import RawSQL
+
+from outbox.models import OutboundMessage
+
+_TABLE = OutboundMessage._meta.db_table
+
+
+def blocked_sql(alias: str, *, besides_one: bool = False) -> str:
+    """SQL that is true when the row `alias` must wait for an earlier message of its chat.
+    Takes one parameter, now; with `besides_one`, a second: the id of a message that counts
+    as gone (the one the same statement marks sent, which its snapshot still sees open)."""
+    besides = " AND e.id <> %s" if besides_one else ""
+    return f"""({alias}.ordered AND EXISTS (
+        SELECT 1 FROM {_TABLE} e WHERE e.bot_id = {alias}.bot_id AND e.chat_id = {alias}.chat_id
+          AND e.id < {alias}.id AND e.ordered AND e.state IN ('pending', 'retry', 'sending')
+          AND (e.state IN ('retry', 'sending') OR e.send_at IS NULL OR e.send_at <= %s){besides}))"""  # noqa: S608
+
+
+def blocked_expression(now: datetime) -> RawSQL:
+    """`blocked_sql` as an ORM expression on OutboundMessage querysets."""
+    return RawSQL(blocked_sql(_TABLE), [now], output_field=BooleanField())  # noqa: S611 - no input in the SQL
+
+
+def heads(qs: QuerySet[OutboundMessage], *, now: datetime) -> QuerySet[OutboundMessage]:
+    """Only the messages of `qs` that their chat's order lets go now."""
+    return qs.alias(blocked_by_earlier=blocked_expression(now)).filter(blocked_by_earlier=False)
+
+
+def is_blocked(message: OutboundMessage, *, now: datetime) -> bool:
+    """True when an earlier message of the chat must go first (see the module's rule)."""
+    rows = OutboundMessage.objects.filter(pk=message.pk).annotate(blocked=blocked_expression(now))
+    return bool(rows.values_list("blocked", flat=True).first())

@@ -1,0 +1,88 @@
+"""Deploying on a Procfile platform as it is: the Procfile's own lines, run as the platform
+runs them (a shell, the platform's environment), listen where the router can reach them
+and refuse to start without their production configuration."""
+
+from __future__ import annotations
+
+import os
+import runpy
+import subprocess
+
+import httpx
+import pytest
+
+from tests.support import ROOT, VENV_BIN, Process, base_env, free_port, wait_until
+
+
+def procfile() -> dict[str, str]:
+    lines = (ROOT / "Procfile").read_text().splitlines()
+    return dict(line.split(":", 1) for line in lines if line.strip() and not line.startswith("#"))
+
+
+def platform_env(**overrides: str) -> dict[str, str]:
+    """What a platform gives a dyno: its config vars, the project's settings, no DEBUG."""
+    env = {k: v for k, v in base_env().items() if k not in ("DATABASE_URL", "REDIS_URL", "DEBUG", "PORT", "BIND")}
+    env.update(
+        DJANGO_SETTINGS_MODULE="project.settings",
+        PATH=f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}",
+        SECRET_KEY="platform-secret",
+    )
+    env.update(overrides)
+    return env
+
+
+def test_the_web_line_listens_on_all_interfaces_at_the_platforms_port(processes: list[Process]) -> None:
+    port = free_port()
+    web = Process("procfile-web", ["bash", "-c", procfile()["web"]], platform_env(PORT=str(port), DEBUG="1"))
+    processes.append(web)
+
+    wait_until(lambda: "Listening at" in web.log() or not web.alive(), timeout=30, message="gunicorn to listen")
+    assert f"Listening at: http://0.0.0.0:{port}" in web.log()
+    assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).json() == {"ok": True}
+
+
+@pytest.mark.parametrize(
+    ("environment", "bind"),
+    [
+        ({}, ["127.0.0.1:8000"]),
+        ({"PORT": "5000"}, ["0.0.0.0:5000"]),
+        ({"PORT": "5000", "BIND": "[::1]:9"}, ["[::1]:9"]),
+    ],
+)
+def test_gunicorn_binds_to_loopback_unless_the_platform_sets_a_port(
+    monkeypatch: pytest.MonkeyPatch, environment: dict[str, str], bind: list[str]
+) -> None:
+    for name in ("PORT", "BIND"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    assert runpy.run_path(str(ROOT / "gunicorn.conf.py"))["bind"] == bind
+
+
+def test_the_release_phase_only_migrates() -> None:
+    assert procfile()["release"].strip() == "python manage.py migrate --noinput"
+
+
+@pytest.mark.parametrize("process", ["release", "web", "worker", "beat"])
+def test_every_process_refuses_to_start_without_redis_url_naming_it(process: str) -> None:
+    env = platform_env(PORT=str(free_port()), DATABASE_URL="postgres://postgres@127.0.0.1:5432/never-used")
+    done = subprocess.run(
+        ["bash", "-c", procfile()[process]], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode != 0
+    assert "dovecote: REDIS_URL must be set when DEBUG is off" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_production_names_every_missing_variable_in_one_line() -> None:
+    done = subprocess.run(
+        [str(VENV_BIN / "python"), "manage.py", "check"],
+        cwd=ROOT,
+        env=platform_env(SECRET_KEY=""),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith("dovecote: SECRET_KEY, DATABASE_URL, REDIS_URL must be set when DEBUG is off")
