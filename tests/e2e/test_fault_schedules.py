@@ -88,7 +88,7 @@ def test_every_message_ends_sent_once_or_visible_to_an_operator_after_a_seeded_f
             chaos.settle(run)
         finally:
             supervisor.stop()
-        chaos.resolve_replies(run)
+        chaos.resolve_rows(run)
         problems = chaos.check(run, own_sandbox)
         summary = chaos.summary(run, own_sandbox)
         print(summary)
