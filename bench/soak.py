@@ -73,7 +73,7 @@ def main() -> int:
     options = parser.parse_args()
     options.out.mkdir(parents=True, exist_ok=True)
     for old in [options.out / "results.jsonl", *options.out.glob("seed-*.txt")]:
-        old.unlink()  # a previous soak's results
+        old.unlink(missing_ok=True)  # a previous soak's results
     seeds = list(range(options.start, options.start + options.seeds))
     held: list[int] = []
     failed: list[int] = []
