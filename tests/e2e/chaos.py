@@ -51,6 +51,8 @@ FAST_RECOVERY_ENV = {
     "DOVECOTE_TELEGRAM_READ_TIMEOUT": str(READ_TIMEOUT),
     "DOVECOTE_TELEGRAM_CONNECT_TIMEOUT": "1",
     "DOVECOTE_SEND_LEASE_SECONDS": "10",
+    # A consumer run whose worker was killed waits out this lease (default 5 minutes).
+    "DOVECOTE_CONSUMER_LEASE_SECONDS": "10",
     "DOVECOTE_RETRY_BASE_SECONDS": "0.5",
     "DOVECOTE_RETRY_MAX_SECONDS": "2",
     "DOVECOTE_REDISPATCH_GRACE_SECONDS": "2",
@@ -711,6 +713,20 @@ def report(run: Run, sandbox: SandboxServer, problems: list[str]) -> str:
                 f"    sandbox call {c['id']} at {c['at']:.2f} status={c['status']} delivered={c['delivered']}"
                 f" fault={run.fault_ids.get(c.get('fault', -1))}"
             )
+    for n in named:
+        m = next((m for m in run.schedule.messages if m.n == n), None)
+        if m is None or not m.webhook:
+            continue
+        for update in InboundUpdate.objects.filter(bot_id__in=run.bot_ids, chat_id=m.chat_id):
+            if f"<m{n}:" not in str(update.payload):
+                continue
+            lines.append(f"m{n} (webhook) update {update.update_id} id={update.pk} state={update.state}")
+            for r in ConsumerRun.objects.filter(update=update).order_by("pk"):
+                lines.append(
+                    f"    run {r.pk} {r.consumer} state={r.state} attempts={r.attempts} outcome={r.outcome!r}"
+                    f" next={_t(r.next_attempt_at)} lease={r.lease_owner} until {_t(r.lease_expires_at)}"
+                    f" last_error={r.last_error[:100]!r}"
+                )
     for proc in [*run.workers, *([run.beat] if run.beat else [])]:
         log = proc.log().splitlines()
         mentions = [ln for ln in log if any(f"message {pk}" in ln or f"[{pk}]" in ln for pk in ids)]
