@@ -7,6 +7,9 @@ formatted message and its arguments before any handler sees them.
 import contextvars
 import logging
 import re
+from typing import Any
+
+from pythonjsonlogger.json import JsonFormatter
 
 current_trace_id: contextvars.ContextVar[str] = contextvars.ContextVar("dovecote_trace_id", default="")
 
@@ -47,3 +50,35 @@ class TraceIdFilter(logging.Filter):
         if not getattr(record, "trace_id", None):
             record.trace_id = current_trace_id.get()
         return True
+
+
+def _mask_values(value: Any) -> Any:
+    if isinstance(value, str):
+        return mask(value)
+    if isinstance(value, dict):
+        return {k: _mask_values(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_mask_values(v) for v in value]
+    return value
+
+
+class MaskingJsonFormatter(JsonFormatter):
+    """The JSON formatter, masking what it writes: python-json-logger formats the traceback
+    again from `exc_info` (the filter's masked `exc_text` is not what it writes), and
+    `extra` fields (a task's arguments, an error's body) may carry a token or a text."""
+
+    def formatException(self, ei: Any) -> str:
+        return mask(str(super().formatException(ei)))
+
+    def formatStack(self, stack_info: Any) -> str:
+        return mask(str(super().formatStack(stack_info)))
+
+    def process_log_record(self, log_data: dict[str, Any]) -> dict[str, Any]:
+        return {
+            key: value if key in _NOT_MASKED else _mask_values(value)
+            for key, value in super().process_log_record(log_data).items()
+        }
+
+
+# The formatter's own fields: a timestamp would pass for a phone number.
+_NOT_MASKED = frozenset({"time", "asctime", "level", "levelname", "logger", "name", "trace_id"})

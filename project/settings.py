@@ -291,7 +291,7 @@ LOGGING = {
     },
     "formatters": {
         "json": {
-            "()": "pythonjsonlogger.json.JsonFormatter",
+            "()": "outbox.logging.MaskingJsonFormatter",
             "fmt": "%(asctime)s %(levelname)s %(name)s %(message)s %(trace_id)s",
             "rename_fields": {"asctime": "time", "levelname": "level", "name": "logger"},
         },
