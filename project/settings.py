@@ -197,6 +197,10 @@ CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 # --- Dovecote -------------------------------------------------------------------------
 # /metrics requires `Authorization: Bearer <token>`; with DEBUG off and no token it answers 403.
 DOVECOTE_METRICS_TOKEN = env.str("DOVECOTE_METRICS_TOKEN", default="")
+# Hosts a bot's api_base_url may point to: every request carries the bot's token.
+DOVECOTE_BOT_API_HOSTS = env.list(
+    "DOVECOTE_BOT_API_HOSTS", default=["api.telegram.org", "127.0.0.1", "localhost", "::1"]
+)
 TELEGRAM_API_BASE_URL = env.str("TELEGRAM_API_BASE_URL", default="https://api.telegram.org")
 DOVECOTE_WEBHOOK_MAX_BYTES = env.int("DOVECOTE_WEBHOOK_MAX_BYTES", default=1_048_576)
 DOVECOTE_REPLY_DEBOUNCE_SECONDS = env.float("DOVECOTE_REPLY_DEBOUNCE_SECONDS", default=0)
