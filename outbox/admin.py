@@ -87,6 +87,18 @@ class EffectAdmin(admin.ModelAdmin):
 
 @admin.register(Circuit)
 class CircuitAdmin(admin.ModelAdmin):
+    """Read-only: an operator opens or closes a circuit with Pause and Resume on the bot's
+    page, which ask for a reason and write the audit log; a bare edit here would not."""
+
     list_display = ["scope", "state", "manual", "consecutive_failures", "opened_at", "next_probe_at"]
     list_filter = ["state", "manual"]
     readonly_fields = ["state", "consecutive_failures", "opened_at", "next_probe_at", "updated_at"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False

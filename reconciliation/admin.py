@@ -691,6 +691,22 @@ class OperatorBotAdmin(BotAdmin):
         }
         return super().change_view(request, object_id, form_url, {**(extra_context or {}), **extra})
 
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        """A credential change is audited (which one, by whom), never its value."""
+        before = Bot.objects.filter(pk=obj.pk).values("token", "webhook_secret").first() if change else None
+        super().save_model(request, obj, form, change)
+        if before is None:
+            return
+        changed = [name for name in ("token", "webhook_secret") if before[name] != getattr(obj, name)]
+        if changed:
+            services.audit_record(
+                actor=request.user,
+                action="bot.credentials_changed",
+                target=f"bots.Bot:{obj.pk}",
+                outcome="changed: " + ", ".join(changed),
+                details={"fields": changed},
+            )
+
 
 # --- reconciliation cases ---------------------------------------------------------------
 
