@@ -141,3 +141,26 @@ def test_a_bot_whose_api_host_was_taken_off_the_list_sends_nothing_and_keeps_its
     assert "DOVECOTE_BOT_API_HOSTS" in message.last_error
     assert Circuit.objects.get(scope=f"bot:{bot.pk}").state == CircuitState.OPEN
     assert OutboundMessage.objects.filter(pk=message.pk, state=State.RETRY).exists()
+
+
+def test_add_bot_generates_a_webhook_secret_and_prints_it_once() -> None:
+    import re
+
+    first = run("add_bot", "shop", "--token", TOKEN)
+    secret = Bot.objects.get(name="shop").webhook_secret
+
+    assert re.fullmatch(r"[A-Za-z0-9_-]{40,256}", secret)
+    assert f"Webhook secret (generated, shown once): {secret}" in first
+    again = run("add_bot", "shop", "--token", TOKEN, "--responder", "none")
+    assert secret not in again
+    assert Bot.objects.get(name="shop").webhook_secret == secret
+
+
+def test_set_webhook_always_sends_a_secret_even_for_a_bot_made_without_one(sandbox, bot_factory) -> None:
+    bot = bot_factory()  # no secret: made by hand
+    run("set_webhook", bot.name, "--url", "https://bot.example.com")
+
+    bot.refresh_from_db()
+    [call] = sandbox.calls(token=bot.token, method="setWebhook")
+    assert bot.webhook_secret
+    assert call["params"]["secret_token"] == bot.webhook_secret
