@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from outbox.models import Attempt, Circuit, DeadLetter, Effect, OutboundMessage
+from outbox.models import ApiClient, Attempt, Circuit, DeadLetter, Effect, OutboundMessage
 
 
 class AttemptInline(admin.TabularInline):
@@ -102,3 +102,14 @@ class CircuitAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None) -> bool:
         return False
+
+
+@admin.register(ApiClient)
+class ApiClientAdmin(admin.ModelAdmin):
+    """Which bots each REST API client may use (`manage.py add_api_client` creates them)."""
+
+    list_display = ["user", "payload_access", "created_at"]
+    list_filter = ["payload_access"]
+    search_fields = ["user__username"]
+    filter_horizontal = ["bots"]
+    raw_id_fields = ["user"]
