@@ -177,6 +177,15 @@ CELERY_TASK_ACKS_LATE = True
 # project/celery.py applies Django's own CONN_MAX_AGE and health checks around each task.
 CELERY_DB_REUSE_MAX = env.int("CELERY_DB_REUSE_MAX", default=1000)
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
+# A platform stops a dyno with SIGTERM and kills it 30 s later. Soft shutdown gives running
+# tasks (a drain hands its worker back within 10 s) this long, then requeues the rest,
+# countdown tasks included; a task still running at the kill is recovered by the sweeper.
+CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT = env.float("CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT", default=15.0)
+CELERY_WORKER_ENABLE_SOFT_SHUTDOWN_ON_IDLE = True
+# Kept off on purpose: cancelling a task when the broker connection drops could stop a drain
+# between a request and the record of its answer (an `unknown` for nothing). Left running,
+# it records its outcomes; its redelivered message finds nothing to claim.
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
