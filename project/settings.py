@@ -44,7 +44,12 @@ else:
     # Off by default: health probes often come over plain HTTP from the load balancer, and
     # HSTS is hard to take back. Turn both on once TLS ends in front of every web process.
     SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=False)
+    # The platform's health checks come over plain HTTP from inside: never redirected.
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$"]
     SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=0)
+    # Only with every subdomain on HTTPS, and to be listed in browsers' preload lists.
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=False)
+    SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=False)
 
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
 
