@@ -2,6 +2,7 @@ from django import forms
 from django.contrib import admin
 
 from bots.models import AnalyticsEvent, Bot, ChatState, ConsumerRun, InboundUpdate
+from outbox.admin import RedactedFieldsMixin
 
 # The bot's credentials: write-only in the admin, never rendered back, shown as a hint.
 SECRET_FIELDS = ("token", "webhook_secret")
@@ -75,7 +76,8 @@ class BotAdmin(admin.ModelAdmin):
 
 
 @admin.register(InboundUpdate)
-class InboundUpdateAdmin(admin.ModelAdmin):
+class InboundUpdateAdmin(RedactedFieldsMixin, admin.ModelAdmin):
+    redacted_text_fields = ("last_error",)
     list_display = ["id", "bot", "update_id", "update_type", "chat_id", "state", "received_at", "processed_at"]
     list_filter = ["state", "bot", "update_type"]
     search_fields = ["=chat_id", "=update_id", "trace_id"]
@@ -88,7 +90,8 @@ class InboundUpdateAdmin(admin.ModelAdmin):
 
 
 @admin.register(ConsumerRun)
-class ConsumerRunAdmin(admin.ModelAdmin):
+class ConsumerRunAdmin(RedactedFieldsMixin, admin.ModelAdmin):
+    redacted_text_fields = ("last_error",)
     list_display = [
         "id",
         "consumer",

@@ -32,6 +32,51 @@ def mask(value: str) -> str:
     return _PHONE_RE.sub("<phone>", value)
 
 
+_EMAIL_RE = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+")
+# Keys whose values are what a person wrote or who they are, in a result or an echoed body.
+PERSONAL_KEYS = frozenset(
+    {
+        "text",
+        "caption",
+        "phone",
+        "phone_number",
+        "first_name",
+        "last_name",
+        "username",
+        "name",
+        "email",
+        "content",
+        "message",
+        "prompt",
+    }
+)
+
+
+_PERSONAL_RE = re.compile(
+    r"""(?P<key>["']?(?:"""
+    + "|".join(sorted(PERSONAL_KEYS))
+    + r""")["']?\s*[:=]\s*)(?P<val>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|[^,}\s]+)"""
+)
+
+
+def redact(value: str) -> str:
+    """`mask`, and e-mail addresses: for error texts that may echo a CRM's or a model's body
+    (a lead's contacts, the user's words), shown to operators without payload access."""
+    value = _PERSONAL_RE.sub(lambda m: f"{m.group('key')}<masked>", mask(value))
+    return _EMAIL_RE.sub("<email>", value)
+
+
+def redact_json(value: Any) -> Any:
+    """The same JSON shape with personal keys' values and any text in strings redacted."""
+    if isinstance(value, dict):
+        return {
+            k: "<masked>" if k in PERSONAL_KEYS and v not in (None, "") else redact_json(v) for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [redact_json(v) for v in value]
+    return redact(value) if isinstance(value, str) else value
+
+
 class MaskSecretsFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()

@@ -27,7 +27,11 @@ json_values = st.recursive(
     max_leaves=12,
 )
 update_like = st.fixed_dictionaries(
-    {"update_id": st.one_of(st.integers(), st.text(max_size=5), st.none(), st.floats(allow_nan=False, allow_infinity=False))},
+    {
+        "update_id": st.one_of(
+            st.integers(), st.text(max_size=5), st.none(), st.floats(allow_nan=False, allow_infinity=False)
+        )
+    },
     optional={"message": json_values, "callback_query": json_values},
 )
 bodies = st.one_of(

@@ -461,3 +461,41 @@ def test_circuits_change_only_through_pause_and_resume(bot, developer) -> None:
 
     assert Circuit.objects.get(pk=circuit.pk).state == CircuitState.OPEN
     assert client.get(url).status_code == 200  # still visible, read-only
+
+
+def test_error_texts_that_echo_a_crm_body_are_redacted_without_payload_access(bot, operator, developer) -> None:
+    """Found from outside: payloads were masked, but a CRM's error echoing the lead was not."""
+    from bots.models import ConsumerRun, RunState
+    from tests.reconciliation.factories import stored_update
+
+    echoed = 'CRM 422: {"name": "Alice Smith", "phone": "+7 912 345-67-89", "email": "alice@example.com"}'
+    update = stored_update(bot)
+    run = ConsumerRun.objects.create(
+        update=update,
+        bot=bot,
+        consumer="crm_webhook",
+        state=RunState.FAILED,
+        last_error=echoed,
+        next_attempt_at=timezone.now(),
+    )
+    letter = DeadLetter.objects.create(
+        bot=bot,
+        consumer_run=run,
+        consumer="crm_webhook",
+        reason_class=ErrorClass.PERMANENT,
+        first_error=echoed,
+        last_error=echoed,
+    )
+    pages = [
+        change_url(letter),
+        reverse("admin:outbox_deadletter_changelist"),
+        reverse("admin:bots_consumerrun_change", args=[run.pk]),
+    ]
+
+    for url in pages:
+        text = logged_in(operator).get(url).content.decode()
+        assert "+7 912" not in text, url
+        assert "alice@example.com" not in text, url
+        assert "Alice Smith" not in text, url
+    full = logged_in(developer).get(change_url(letter)).content.decode()
+    assert "alice@example.com" in full
