@@ -2,14 +2,37 @@ from django import forms
 from django.contrib import admin
 
 from bots.models import AnalyticsEvent, Bot, ChatState, ConsumerRun, InboundUpdate
+from outbox.admin import RedactedFieldsMixin
+
+# The bot's credentials: write-only in the admin, never rendered back, shown as a hint.
+SECRET_FIELDS = ("token", "webhook_secret")
+
+
+def token_hint(token: str) -> str:
+    """The bot's id (public: it is the bot's user id) and the token's last two characters."""
+    if not token:
+        return "not set"
+    bot_id, _, rest = token.partition(":")
+    return f"{bot_id}:…{rest[-2:]}" if rest else "set"
+
+
+def secret_hint(secret: str) -> str:
+    return f"set ({len(secret)} characters)" if secret else "not set"
 
 
 class BotForm(forms.ModelForm):
-    # The token is write-only: never rendered back after it is saved.
+    # Write-only: never rendered back after they are saved.
     token = forms.CharField(
         widget=forms.PasswordInput(render_value=False),
         required=False,
         help_text="Bot API token. Leave empty to keep the stored one; it is never shown.",
+    )
+    webhook_secret = forms.CharField(
+        widget=forms.PasswordInput(render_value=False),
+        required=False,
+        max_length=256,
+        validators=Bot._meta.get_field("webhook_secret").validators,
+        help_text="Secret token Telegram sends with each update. Leave empty to keep the stored one; never shown.",
     )
 
     class Meta:
@@ -24,6 +47,9 @@ class BotForm(forms.ModelForm):
             raise forms.ValidationError("A new bot needs a token.")
         return token
 
+    def clean_webhook_secret(self) -> str:
+        return self.cleaned_data.get("webhook_secret") or (self.instance.webhook_secret if self.instance.pk else "")
+
 
 @admin.register(Bot)
 class BotAdmin(admin.ModelAdmin):
@@ -31,11 +57,27 @@ class BotAdmin(admin.ModelAdmin):
     list_display = ["name", "is_active", "responder", "rate_limit", "api_base_url", "created_at"]
     list_filter = ["is_active", "responder"]
     search_fields = ["name"]
-    readonly_fields = ["created_at", "updated_at", "polling_offset"]
+    readonly_fields = ["token_hint", "webhook_secret_hint", "created_at", "updated_at", "polling_offset"]
+
+    def get_fields(self, request, obj=None) -> list[str]:
+        fields = list(super().get_fields(request, obj))
+        if obj is not None and not self.has_change_permission(request, obj):
+            # Read-only pages render every field's value: never the credentials themselves.
+            fields = [f for f in fields if f not in SECRET_FIELDS]
+        return fields
+
+    @admin.display(description="token")
+    def token_hint(self, obj: Bot) -> str:
+        return token_hint(obj.token)
+
+    @admin.display(description="webhook secret")
+    def webhook_secret_hint(self, obj: Bot) -> str:
+        return secret_hint(obj.webhook_secret)
 
 
 @admin.register(InboundUpdate)
-class InboundUpdateAdmin(admin.ModelAdmin):
+class InboundUpdateAdmin(RedactedFieldsMixin, admin.ModelAdmin):
+    redacted_text_fields = ("last_error",)
     list_display = ["id", "bot", "update_id", "update_type", "chat_id", "state", "received_at", "processed_at"]
     list_filter = ["state", "bot", "update_type"]
     search_fields = ["=chat_id", "=update_id", "trace_id"]
@@ -48,7 +90,8 @@ class InboundUpdateAdmin(admin.ModelAdmin):
 
 
 @admin.register(ConsumerRun)
-class ConsumerRunAdmin(admin.ModelAdmin):
+class ConsumerRunAdmin(RedactedFieldsMixin, admin.ModelAdmin):
+    redacted_text_fields = ("last_error",)
     list_display = [
         "id",
         "consumer",

@@ -66,6 +66,14 @@ class Bot(models.Model):
         # Never the token.
         return f"<Bot {self.name}>"
 
+    def clean(self) -> None:
+        from outbox.telegram import api_host_allowed
+
+        if self.api_base_url and not api_host_allowed(self.api_base_url):
+            raise ValidationError(
+                {"api_base_url": "This host is not on DOVECOTE_BOT_API_HOSTS: the bot's token would be sent there."}
+            )
+
     @property
     def webhook_path(self) -> str:
         return f"/webhooks/telegram/{self.name}/"

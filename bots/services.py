@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import secrets
 import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -342,6 +343,20 @@ def consumer_run_end_stale(run: ConsumerRun, *, spec: registry.ConsumerSpec) -> 
     return ""
 
 
+def new_webhook_secret() -> str:
+    """256 random bits in Telegram's alphabet for secret tokens (A-Z a-z 0-9 _ -)."""
+    return secrets.token_urlsafe(32)
+
+
+def bot_webhook_secret_ensure(bot: Bot) -> str:
+    """The bot's webhook secret, generated and saved first for a bot made without one."""
+    if not bot.webhook_secret:
+        bot.webhook_secret = new_webhook_secret()
+        Bot.objects.filter(pk=bot.pk, webhook_secret="").update(webhook_secret=bot.webhook_secret)
+        bot.refresh_from_db(fields=["webhook_secret"])
+    return bot.webhook_secret
+
+
 def add_bot(
     *,
     name: str,
@@ -359,6 +374,9 @@ def add_bot(
     bot.token = token
     if webhook_secret is not None:
         bot.webhook_secret = webhook_secret
+    elif not bot.webhook_secret:
+        # Every bot has one: the webhook refuses a bot without it (unless DEBUG is on).
+        bot.webhook_secret = new_webhook_secret()
     if api_base_url is not None:
         bot.api_base_url = api_base_url
     if responder is not None:

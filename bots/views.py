@@ -57,6 +57,9 @@ def _receive(request: HttpRequest, name: str) -> JsonResponse:
             given = request.headers.get("X-Telegram-Bot-Api-Secret-Token", "")
             if not hmac.compare_digest(given.encode(), bot.webhook_secret.encode()):
                 return _error(403, "missing or wrong secret token")
+        elif not settings.DEBUG:
+            # Anyone who knows the bot's name could post updates: refuse until it has a secret.
+            return _error(403, "this bot has no webhook secret; set one with add_bot")
 
         body = request.read(settings.DOVECOTE_WEBHOOK_MAX_BYTES + 1)
         if len(body) > settings.DOVECOTE_WEBHOOK_MAX_BYTES:

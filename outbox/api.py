@@ -19,7 +19,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from outbox import idempotency, services
+from outbox import idempotency, retention, selectors, services
 from outbox.models import OutboundMessage
 from outbox.serializers import (
     BroadcastCreateSerializer,
@@ -84,9 +84,27 @@ def _rejected(exc: services.MessageRejected) -> Response:
     return Response({exc.field: [str(exc)]}, status=status.HTTP_400_BAD_REQUEST)
 
 
-def _message_body(message_id: int) -> dict[str, Any]:
+def _forbidden_bot(request: Request, bot: Any) -> Response | None:
+    allowed = selectors.api_client_bot_ids(request.user)
+    if allowed is None or bot.pk in allowed:
+        return None
+    return Response({"bot": [f"this client may not use bot {bot.name!r}"]}, status=status.HTTP_403_FORBIDDEN)
+
+
+def _visible(request: Request) -> Any:
+    """The messages this client may see: those of the bots it may use."""
+    allowed = selectors.api_client_bot_ids(request.user)
+    return OutboundMessage.objects.all() if allowed is None else OutboundMessage.objects.filter(bot_id__in=allowed)
+
+
+def _message_body(message_id: int, request: Request) -> dict[str, Any]:
     message = OutboundMessage.objects.select_related("bot").prefetch_related("attempt_set").get(pk=message_id)
-    return MessageSerializer(message).data
+    body = MessageSerializer(message).data
+    if not selectors.api_client_payload_access(request.user):
+        # As in the admin: what a person wrote or who they are is for those with payload access.
+        payload = body.get("payload") or {}
+        body["payload"] = {k: "<masked>" if k in retention.PERSONAL_PAYLOAD_KEYS else v for k, v in payload.items()}
+    return body
 
 
 class MessageCreateView(APIView):
@@ -102,6 +120,9 @@ class MessageCreateView(APIView):
             if not serializer.is_valid():
                 return Response(serializer.errors, status=status.HTTP_400_BAD_REQUEST)
             data = serializer.validated_data
+            forbidden = _forbidden_bot(request, data["bot"])
+            if forbidden is not None:
+                return forbidden
             try:
                 with transaction.atomic():
                     message, created = services.outbound_message_enqueue(
@@ -117,7 +138,7 @@ class MessageCreateView(APIView):
                     )
             except services.MessageRejected as exc:
                 return _rejected(exc)
-            return Response(_message_body(message.pk), status=status.HTTP_201_CREATED if created else 200)
+            return Response(_message_body(message.pk, request), status=status.HTTP_201_CREATED if created else 200)
 
         return _idempotent(request, "messages", handle)
 
@@ -125,8 +146,8 @@ class MessageCreateView(APIView):
 class MessageDetailView(APIView):
     @extend_schema(responses={200: MessageSerializer, 404: ErrorSerializer}, summary="A message and its attempts")
     def get(self, request: Request, pk: int) -> Response:
-        get_object_or_404(OutboundMessage.objects.only("pk"), pk=pk)
-        return Response(_message_body(pk))
+        get_object_or_404(_visible(request).only("pk"), pk=pk)
+        return Response(_message_body(pk, request))
 
 
 class MessageCancelView(APIView):
@@ -136,7 +157,7 @@ class MessageCancelView(APIView):
         summary="Cancel a message that has not gone out",
     )
     def post(self, request: Request, pk: int) -> Response:
-        message = get_object_or_404(OutboundMessage.objects.only("pk", "state"), pk=pk)
+        message = get_object_or_404(_visible(request).only("pk", "state"), pk=pk)
         serializer = CancelSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         if not services.outbound_message_cancel(pk, reason=serializer.validated_data["reason"]):
@@ -148,7 +169,7 @@ class MessageCancelView(APIView):
                 },
                 status=status.HTTP_409_CONFLICT,
             )
-        return Response(_message_body(pk))
+        return Response(_message_body(pk, request))
 
 
 class BroadcastCreateView(APIView):
@@ -164,6 +185,9 @@ class BroadcastCreateView(APIView):
             if not serializer.is_valid():
                 return Response(serializer.errors, status=status.HTTP_400_BAD_REQUEST)
             data = serializer.validated_data
+            forbidden = _forbidden_bot(request, data["bot"])
+            if forbidden is not None:
+                return forbidden
             broadcast_key = services.client_key(client=str(request.user.pk), key=key)
             try:
                 result = services.broadcast_enqueue(

@@ -286,3 +286,24 @@ class IdempotencyRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.scope} {self.key} [{'in progress' if self.in_progress else self.response_status}]"
+
+
+class ApiClient(models.Model):
+    """A REST API client: a user with a token (`manage.py add_api_client`), allowed to send
+    through some bots and to see their messages. Text and other personal payload fields are
+    masked for it unless it has payload access."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_client")
+    bots = models.ManyToManyField(
+        "bots.Bot",
+        blank=True,
+        related_name="api_clients",
+        help_text="The bots this client may send through; it sees only their messages (others are 404).",
+    )
+    payload_access = models.BooleanField(
+        default=False, help_text="May read message payloads (texts, captions, contacts) in the API's answers."
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"API client {self.user}"

@@ -141,3 +141,21 @@ def _outbound_message_for_send_pg(message_id: int, now: datetime) -> OutboundMes
     message._state.fields_cache["bot"] = bot  # as select_related("bot") would
     message.circuit_not_closed, message.circuit_dirty, message.blocked = row[n_message + n_bot :]
     return message
+
+
+def api_client_bot_ids(user: Model) -> set[int] | None:
+    """The bots a REST API user may use: None for a superuser (all of them), else the bots
+    granted to its ApiClient (none without one)."""
+    from outbox.models import ApiClient
+
+    if getattr(user, "is_superuser", False):
+        return None
+    return set(ApiClient.bots.through.objects.filter(apiclient__user=user).values_list("bot_id", flat=True))
+
+
+def api_client_payload_access(user: Model) -> bool:
+    from outbox.models import ApiClient
+
+    if getattr(user, "is_superuser", False):
+        return True
+    return ApiClient.objects.filter(user=user, payload_access=True).exists()

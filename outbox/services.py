@@ -528,6 +528,32 @@ def outbound_message_resend(message_id: int, *, from_states: list[str]) -> bool:
     return ok
 
 
+def api_client_add(*, name: str, bot_names: list[str], payload_access: bool = False) -> tuple[Any, str, bool]:
+    """Create or update a REST API client: a user named `name` (no password, not staff) with a
+    token, allowed to use exactly these bots. Returns (client, token, created). Raises
+    ValueError naming an unknown bot or an unusable name."""
+    from django.contrib.auth import get_user_model
+    from rest_framework.authtoken.models import Token
+
+    from outbox.models import ApiClient
+
+    if not 1 <= len(name) <= 150:
+        raise ValueError("a client name is 1-150 characters")
+    bots = list(selectors.bot_model().objects.filter(name__in=bot_names))
+    unknown = sorted(set(bot_names) - {bot.name for bot in bots})
+    if unknown:
+        raise ValueError(f"unknown bot(s): {', '.join(unknown)}")
+    with transaction.atomic():
+        user, created = get_user_model().objects.get_or_create(username=name)
+        if created:
+            user.set_unusable_password()
+            user.save(update_fields=["password"])
+        client, _ = ApiClient.objects.update_or_create(user=user, defaults={"payload_access": payload_access})
+        client.bots.set(bots)
+        token, _ = Token.objects.get_or_create(user=user)
+    return client, token.key, created
+
+
 @dataclass(frozen=True)
 class BroadcastResult:
     message_ids: list[int]

@@ -22,6 +22,7 @@ import warnings
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -132,8 +133,25 @@ def _request(read_timeout: float | None = -1.0) -> HTTPXRequest:
 _process_loop = _ProcessLoop()
 
 
+class DisallowedApiHost(ValueError):
+    """A Bot API root on a host that is not on DOVECOTE_BOT_API_HOSTS: the token, which is
+    part of every request's path, must not go there."""
+
+
+def api_host_allowed(url: str) -> bool:
+    """Is this Bot API root on an allowed host? DOVECOTE_BOT_API_HOSTS (Telegram's host and
+    loopback by default) and the host of TELEGRAM_API_BASE_URL, which the operator set."""
+    host = (urlsplit(url).hostname or "").lower()
+    allowed = {h.lower().strip("[]") for h in settings.DOVECOTE_BOT_API_HOSTS}
+    allowed.add((urlsplit(settings.TELEGRAM_API_BASE_URL).hostname or "").lower())
+    return bool(host) and host in allowed
+
+
 def api_base_url(bot_api_base_url: str) -> str:
-    return bot_api_base_url or settings.TELEGRAM_API_BASE_URL
+    url = bot_api_base_url or settings.TELEGRAM_API_BASE_URL
+    if not api_host_allowed(url):
+        raise DisallowedApiHost(f"Bot API host of {urlsplit(url).hostname!r} is not on DOVECOTE_BOT_API_HOSTS")
+    return url
 
 
 def _default_timeout() -> float:
@@ -151,7 +169,12 @@ async def get_bot(token: str, base_url: str) -> telegram.Bot:
 
 
 async def _call(token: str, base_url: str, method: str, params: dict[str, Any], timeout: float | None) -> CallOutcome:
-    bot = await get_bot(token, base_url)
+    try:
+        bot = await get_bot(token, base_url)
+    except DisallowedApiHost as exc:
+        # Nothing was sent. A configuration to fix: like a refused token, the bot's circuit
+        # opens and its queue is kept.
+        return CallOutcome(ok=False, error_class=ErrorClass.AUTH, description=str(exc))
     kwargs: dict[str, Any] = {}
     if timeout is not None:
         kwargs["read_timeout"] = timeout

@@ -25,3 +25,33 @@ def close_old_connections(**kwargs: Any) -> None:
     from django.db import close_old_connections as django_close_old_connections
 
     django_close_old_connections()
+
+
+def _survive_a_lost_redis_on_restore() -> None:
+    """kombu 5.7's Redis transport, closing a channel after the broker connection was lost,
+    restores the worker's unacknowledged messages through a connection that is already gone
+    (`'NoneType' object has no attribute 'hostname'`), and the worker dies of it instead of
+    reconnecting (seen with a Redis restart: tests/e2e/test_fault_schedules.py). Skip that
+    restore when it fails: the messages stay in Redis's unacked set and come back after the
+    visibility timeout, and if Redis lost them, the sweeper redispatches their rows."""
+    import logging
+
+    import redis
+    from kombu.transport import redis as kombu_redis
+
+    original = kombu_redis.QoS.restore_unacked
+    logger = logging.getLogger(__name__)
+
+    def restore_unacked(self: Any, client: Any = None) -> Any:
+        try:
+            return original(self, client)
+        except (AttributeError, redis.RedisError) as exc:
+            unacked = len(self._delivered)
+            logger.warning("broker connection lost: %d unacknowledged message(s) left to redelivery (%r)", unacked, exc)
+            self._delivered.clear()
+            return None
+
+    kombu_redis.QoS.restore_unacked = restore_unacked
+
+
+_survive_a_lost_redis_on_restore()

@@ -44,7 +44,12 @@ else:
     # Off by default: health probes often come over plain HTTP from the load balancer, and
     # HSTS is hard to take back. Turn both on once TLS ends in front of every web process.
     SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=False)
+    # The platform's health checks come over plain HTTP from inside: never redirected.
+    SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$"]
     SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=0)
+    # Only with every subdomain on HTTPS, and to be listed in browsers' preload lists.
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=False)
+    SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=False)
 
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
 
@@ -177,6 +182,15 @@ CELERY_TASK_ACKS_LATE = True
 # project/celery.py applies Django's own CONN_MAX_AGE and health checks around each task.
 CELERY_DB_REUSE_MAX = env.int("CELERY_DB_REUSE_MAX", default=1000)
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
+# A platform stops a dyno with SIGTERM and kills it 30 s later. Soft shutdown gives running
+# tasks (a drain hands its worker back within 10 s) this long, then requeues the rest,
+# countdown tasks included; a task still running at the kill is recovered by the sweeper.
+CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT = env.float("CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT", default=15.0)
+CELERY_WORKER_ENABLE_SOFT_SHUTDOWN_ON_IDLE = True
+# Kept off on purpose: cancelling a task when the broker connection drops could stop a drain
+# between a request and the record of its answer (an `unknown` for nothing). Left running,
+# it records its outcomes; its redelivered message finds nothing to claim.
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
@@ -197,6 +211,10 @@ CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 # --- Dovecote -------------------------------------------------------------------------
 # /metrics requires `Authorization: Bearer <token>`; with DEBUG off and no token it answers 403.
 DOVECOTE_METRICS_TOKEN = env.str("DOVECOTE_METRICS_TOKEN", default="")
+# Hosts a bot's api_base_url may point to: every request carries the bot's token.
+DOVECOTE_BOT_API_HOSTS = env.list(
+    "DOVECOTE_BOT_API_HOSTS", default=["api.telegram.org", "127.0.0.1", "localhost", "::1"]
+)
 TELEGRAM_API_BASE_URL = env.str("TELEGRAM_API_BASE_URL", default="https://api.telegram.org")
 DOVECOTE_WEBHOOK_MAX_BYTES = env.int("DOVECOTE_WEBHOOK_MAX_BYTES", default=1_048_576)
 DOVECOTE_REPLY_DEBOUNCE_SECONDS = env.float("DOVECOTE_REPLY_DEBOUNCE_SECONDS", default=0)
@@ -283,6 +301,8 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # The schema and its docs follow the API's authentication (a token, or an admin session).
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
 }
 
 # --- Logging: JSON lines, secrets and message text masked --------------------------------
@@ -296,7 +316,7 @@ LOGGING = {
     },
     "formatters": {
         "json": {
-            "()": "pythonjsonlogger.json.JsonFormatter",
+            "()": "outbox.logging.MaskingJsonFormatter",
             "fmt": "%(asctime)s %(levelname)s %(name)s %(message)s %(trace_id)s",
             "rename_fields": {"asctime": "time", "levelname": "level", "name": "logger"},
         },

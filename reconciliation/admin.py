@@ -31,7 +31,8 @@ from django.utils.text import Truncator
 from bots.admin import BotAdmin, InboundUpdateAdmin
 from bots.models import Bot, InboundUpdate
 from bots.payloads import clip
-from outbox.admin import OutboundMessageAdmin
+from outbox.admin import OutboundMessageAdmin, RedactedFieldsMixin
+from outbox.logging import redact
 from outbox.models import DeadLetter, DeadLetterStatus, ErrorClass, OutboundMessage
 from reconciliation import services, triage
 from reconciliation.masking import can_view_payload, for_user, mask
@@ -293,8 +294,9 @@ class BulkRetryAdmin(admin.ModelAdmin):
         )
 
 
-class TriageDeadLetterAdmin(admin.ModelAdmin):
+class TriageDeadLetterAdmin(RedactedFieldsMixin, admin.ModelAdmin):
     form = DeadLetterForm
+    redacted_text_fields = ("first_error", "last_error")
     list_display = [
         "id",
         "created_at",
@@ -365,7 +367,8 @@ class TriageDeadLetterAdmin(admin.ModelAdmin):
 
     @admin.display(description="last error")
     def error_short(self, obj: DeadLetter) -> str:
-        return Truncator(obj.last_error).chars(80)
+        # The changelist has no request here: the short form is always redacted.
+        return Truncator(redact(obj.last_error)).chars(80)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -690,6 +693,22 @@ class OperatorBotAdmin(BotAdmin):
             "circuit_scope": f"bot:{object_id}",
         }
         return super().change_view(request, object_id, form_url, {**(extra_context or {}), **extra})
+
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        """A credential change is audited (which one, by whom), never its value."""
+        before = Bot.objects.filter(pk=obj.pk).values("token", "webhook_secret").first() if change else None
+        super().save_model(request, obj, form, change)
+        if before is None:
+            return
+        changed = [name for name in ("token", "webhook_secret") if before[name] != getattr(obj, name)]
+        if changed:
+            services.audit_record(
+                actor=request.user,
+                action="bot.credentials_changed",
+                target=f"bots.Bot:{obj.pk}",
+                outcome="changed: " + ", ".join(changed),
+                details={"fields": changed},
+            )
 
 
 # --- reconciliation cases ---------------------------------------------------------------

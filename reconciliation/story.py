@@ -7,8 +7,9 @@ from typing import Any
 from django.db.models import Q
 
 from bots.models import ConsumerRun, InboundUpdate
+from outbox.logging import redact, redact_json
 from outbox.models import Attempt, DeadLetter, Effect, OutboundMessage
-from reconciliation.masking import for_user
+from reconciliation.masking import can_view_payload, for_user
 from reconciliation.models import AuditEntry, PayloadVersion, ReconciliationCase
 
 
@@ -61,6 +62,14 @@ def dead_letter_story(letter: DeadLetter, *, user: Any) -> dict[str, Any]:
         if message
         else []
     )
+    if not can_view_payload(user):
+        # Error texts and results may echo a CRM's or model's body: redacted on these
+        # in-memory copies (never saved), as payloads are masked.
+        _redact_errors(attempts, "description")
+        _redact_errors([*runs, *([run] if run else []), *([update] if update else [])], "last_error")
+        _redact_errors([*effects, *messages], "last_error")
+        for row in [*effects, *messages]:
+            row.result = redact_json(row.result)
     return {
         "message": message,
         "payload": for_user(user, message.payload) if message else None,
@@ -75,3 +84,8 @@ def dead_letter_story(letter: DeadLetter, *, user: Any) -> dict[str, Any]:
         "cases": cases,
         "audit": list(AuditEntry.objects.filter(target=f"outbox.DeadLetter:{letter.pk}").select_related("actor")[:50]),
     }
+
+
+def _redact_errors(rows: list[Any], field: str) -> None:
+    for row in rows:
+        setattr(row, field, redact(getattr(row, field) or ""))

@@ -107,3 +107,60 @@ def test_queue_status_prints_a_table(bot) -> None:
     assert "outbox" in output
     assert "pending=0" in output
     assert "open cases" in output
+
+
+@pytest.mark.parametrize(
+    "url", ["https://evil.example.com", "http://10.0.0.5:8081", "https://api.telegram.org.evil.example/"]
+)
+def test_add_bot_refuses_an_api_base_url_its_token_must_not_go_to(url: str) -> None:
+    with pytest.raises(CommandError, match="DOVECOTE_BOT_API_HOSTS"):
+        run("add_bot", "shop", "--token", TOKEN, "--api-base-url", url)
+    assert not Bot.objects.exists()
+
+
+@pytest.mark.parametrize("url", ["https://api.telegram.org", "http://localhost:8081", "http://[::1]:8081"])
+def test_add_bot_accepts_telegram_and_loopback_api_base_urls(url: str) -> None:
+    run("add_bot", "shop", "--token", TOKEN, "--api-base-url", url)
+    assert Bot.objects.get(name="shop").api_base_url == url
+
+
+def test_a_bot_whose_api_host_was_taken_off_the_list_sends_nothing_and_keeps_its_queue(sandbox, bot_factory) -> None:
+    from django.test import override_settings
+
+    from outbox.models import Circuit, CircuitState, OutboundMessage, State
+    from outbox.services import outbound_message_enqueue, outbound_message_send
+
+    bot = bot_factory()  # its api_base_url is the sandbox on 127.0.0.1
+    message, _ = outbound_message_enqueue(bot_id=bot.pk, chat_id=3, payload={"text": "hi"}, idempotency_key="h")
+    with override_settings(DOVECOTE_BOT_API_HOSTS=["api.telegram.org"], TELEGRAM_API_BASE_URL="https://api.telegram.org"):
+        assert outbound_message_send(message.pk).status == "circuit-opened"
+
+    assert sandbox.calls(token=bot.token) == []
+    message.refresh_from_db()
+    assert (message.state, message.last_error_class) == (State.RETRY, "auth")
+    assert "DOVECOTE_BOT_API_HOSTS" in message.last_error
+    assert Circuit.objects.get(scope=f"bot:{bot.pk}").state == CircuitState.OPEN
+    assert OutboundMessage.objects.filter(pk=message.pk, state=State.RETRY).exists()
+
+
+def test_add_bot_generates_a_webhook_secret_and_prints_it_once() -> None:
+    import re
+
+    first = run("add_bot", "shop", "--token", TOKEN)
+    secret = Bot.objects.get(name="shop").webhook_secret
+
+    assert re.fullmatch(r"[A-Za-z0-9_-]{40,256}", secret)
+    assert f"Webhook secret (generated, shown once): {secret}" in first
+    again = run("add_bot", "shop", "--token", TOKEN, "--responder", "none")
+    assert secret not in again
+    assert Bot.objects.get(name="shop").webhook_secret == secret
+
+
+def test_set_webhook_always_sends_a_secret_even_for_a_bot_made_without_one(sandbox, bot_factory) -> None:
+    bot = bot_factory()  # no secret: made by hand
+    run("set_webhook", bot.name, "--url", "https://bot.example.com")
+
+    bot.refresh_from_db()
+    [call] = sandbox.calls(token=bot.token, method="setWebhook")
+    assert bot.webhook_secret
+    assert call["params"]["secret_token"] == bot.webhook_secret

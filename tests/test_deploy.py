@@ -86,3 +86,32 @@ def test_production_names_every_missing_variable_in_one_line() -> None:
     assert done.returncode == 1
     [line] = done.stderr.strip().splitlines()
     assert line.startswith("dovecote: SECRET_KEY, DATABASE_URL, REDIS_URL must be set when DEBUG is off")
+
+
+# The production settings the README's "Deploy" section recommends.
+RECOMMENDED = {
+    "SECRET_KEY": "x" * 50 + "recommended-production-secret-key",
+    "ALLOWED_HOSTS": "bot.example.com",
+    "CSRF_TRUSTED_ORIGINS": "https://bot.example.com",
+    "SECURE_SSL_REDIRECT": "1",
+    "SECURE_HSTS_SECONDS": "31536000",
+    "SECURE_HSTS_INCLUDE_SUBDOMAINS": "1",
+    "SECURE_HSTS_PRELOAD": "1",
+    "DOVECOTE_METRICS_TOKEN": "scraper-token",
+}
+
+
+def test_check_deploy_with_the_recommended_production_settings_reports_nothing() -> None:
+    env = platform_env(
+        DATABASE_URL="postgres://postgres@127.0.0.1:5432/postgres", REDIS_URL="redis://127.0.0.1:6379/15", **RECOMMENDED
+    )
+    done = subprocess.run(
+        [str(VENV_BIN / "python"), "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "System check identified no issues" in done.stdout

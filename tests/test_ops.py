@@ -53,10 +53,15 @@ def test_the_api_docs_and_admin_load_nothing_from_a_cdn(admin_client: Client) ->
         assert external == [], f"{url} loads {external}"
 
 
-def test_the_openapi_schema_is_served(client: Client) -> None:
-    response = client.get("/api/schema/")
+def test_the_openapi_schema_and_docs_follow_the_apis_authentication(client: Client, admin_client: Client, bot) -> None:
+    from tests.outbox.helpers import api_client
+
+    assert client.get("/api/schema/").status_code == 401
+    assert client.get("/api/docs/").status_code == 401
+    response = api_client("alice", bot).get("/api/schema/")
     assert response.status_code == 200
     assert b"/api/v1/messages/" in response.content
+    assert admin_client.get("/api/docs/").status_code == 200
 
 
 def test_a_send_lease_shorter_than_a_send_is_refused_by_the_system_check() -> None:

@@ -27,8 +27,20 @@ def message_update(update_id: int, text: str = "hello", chat_id: int = 4242) -> 
     }
 
 
-def post(client: Client, bot, body, **headers):
+SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
+
+
+@pytest.fixture
+def bot(bot_factory):
+    """Every bot has a webhook secret (add_bot makes one); these tests run with DEBUG off."""
+    return bot_factory(webhook_secret="alices-webhook-secret")
+
+
+def post(client: Client, bot, body, *, secret: bool = True, **headers):
+    """POST as Telegram does: with the bot's secret token unless `secret=False`."""
     data = body if isinstance(body, bytes | str) else json.dumps(body)
+    if secret and bot.webhook_secret:
+        headers.setdefault(SECRET_HEADER, bot.webhook_secret)
     return client.post(bot.webhook_path, data=data, content_type="application/json", headers=headers)
 
 
@@ -57,7 +69,7 @@ def test_a_redelivered_update_answers_200_and_is_stored_once(client: Client, bot
 
 
 def test_the_same_update_id_for_two_bots_is_two_updates(client: Client, bot_factory) -> None:
-    alice_bot, bob_bot = bot_factory(), bot_factory()
+    alice_bot, bob_bot = bot_factory(webhook_secret="alices"), bot_factory(webhook_secret="bobs")
     assert post(client, alice_bot, message_update(5)).status_code == 200
     assert post(client, bob_bot, message_update(5)).status_code == 200
     assert InboundUpdate.objects.filter(update_id=5).count() == 2
@@ -68,7 +80,7 @@ def test_a_missing_or_wrong_secret_is_403_and_nothing_is_stored(client: Client, 
     secured = bot_factory(webhook_secret="s3cret-tok3n")
     headers = {} if given is None else {"X-Telegram-Bot-Api-Secret-Token": given}
 
-    response = post(client, secured, message_update(1), **headers)
+    response = post(client, secured, message_update(1), secret=False, **headers)
 
     assert response.status_code == 403
     assert not InboundUpdate.objects.exists()
@@ -218,3 +230,13 @@ def test_the_broker_down_still_answers_200_with_the_row_committed(
     assert response.status_code == 200
     assert InboundUpdate.objects.get(bot=bot, update_id=11).state == UpdateState.NEW
     assert httpx.get(f"{url}/readyz", timeout=10).status_code == 503
+
+
+def test_a_bot_without_a_webhook_secret_is_refused_unless_debug_is_on(client: Client, bot_factory) -> None:
+    bare = bot_factory()  # made before secrets were generated, or by hand
+
+    assert post(client, bare, message_update(1)).status_code == 403
+    assert not InboundUpdate.objects.exists()
+    with override_settings(DEBUG=True):
+        assert post(client, bare, message_update(1)).status_code == 200
+    assert InboundUpdate.objects.count() == 1

@@ -44,3 +44,16 @@ def drive(message_id: int, *, timeout: float = 15.0) -> tuple[services.SendResul
             wait = max(0.0, (message.next_attempt_at - timezone.now()).total_seconds())
         time.sleep(max(0.0, wait))
         reserved = result.slot_reserved
+
+
+def api_client(name: str, *bots: Any, payload_access: bool = True) -> Any:
+    """A REST API client as `manage.py add_api_client NAME --bot ...` makes it, logged in."""
+    from rest_framework.test import APIClient
+
+    client_row, token, _ = services.api_client_add(
+        name=name, bot_names=[b.name for b in bots], payload_access=payload_access
+    )
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token}")
+    client.user = client_row.user
+    return client

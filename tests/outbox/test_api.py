@@ -8,28 +8,22 @@ from contextlib import contextmanager
 
 import pytest
 from django.conf import settings
-from django.contrib.auth import get_user_model
 from django.test import override_settings
 from django.utils import timezone
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from outbox import idempotency, ratelimit, services
 from outbox.models import IdempotencyRecord, OutboundMessage, State
 from reconciliation.sweeper import sweep
-from tests.outbox.helpers import drive
+from tests.outbox.helpers import api_client, drive
 from tests.support import free_port, queued
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def alice() -> APIClient:
-    user = get_user_model().objects.create_user("alice", password="x")
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
-    client.user = user
-    return client
+def alice(bot) -> APIClient:
+    return api_client("alice", bot)
 
 
 def post_message(client: APIClient, body: dict, key: str | None = "order-1-confirmation"):
@@ -123,9 +117,7 @@ def test_a_key_of_255_characters_is_accepted(alice, bot) -> None:
 
 
 def test_two_clients_may_use_the_same_key(alice, bot) -> None:
-    bob = APIClient()
-    bob_user = get_user_model().objects.create_user("bob", password="x")
-    bob.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=bob_user).key}")
+    bob = api_client("bob", bot)
 
     assert post_message(alice, body_for(bot), key="same").status_code == 201
     assert post_message(bob, body_for(bot), key="same").status_code == 201

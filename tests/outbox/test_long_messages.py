@@ -7,10 +7,8 @@ from __future__ import annotations
 import threading
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.db import connection, transaction
 from django.utils import timezone
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from outbox import drain, services
@@ -266,11 +264,10 @@ def test_a_400_in_a_drain_batch_dead_letters_after_exactly_one_attempt(bot, sand
 
 
 @pytest.fixture
-def alice() -> APIClient:
-    user = get_user_model().objects.create_user("alice", password="x")
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
-    return client
+def alice(bot) -> APIClient:
+    from tests.outbox.helpers import api_client
+
+    return api_client("alice", bot)
 
 
 def post(client: APIClient, body: dict, key: str = "long-answer-1"):

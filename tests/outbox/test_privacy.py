@@ -89,3 +89,24 @@ def test_a_failed_send_logs_no_token_and_no_text(json_log, bot, sandbox) -> None
     assert "failed: permanent" in output
     assert bot.token not in output
     assert "your results" not in output
+
+
+def test_a_logged_traceback_and_extra_fields_are_masked_too(json_log) -> None:
+    """Found from outside: python-json-logger formats the traceback again from the exception,
+    so a failed call's traceback carried the bot token and the text."""
+    token = "123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw"
+    logger = logging.getLogger("outbox.test")
+    try:
+        raise RuntimeError(f"POST /bot{token}/sendMessage failed: {{'text': 'my secret diagnosis'}}")
+    except RuntimeError:
+        logger.exception("send failed", extra={"data": {"url": f"/bot{token}/x", "phone": "+7 912 345-67-89"}})
+
+    output = json_log.getvalue()
+    [line] = [json.loads(x) for x in output.splitlines()]
+    assert "RuntimeError" in line["exc_info"]
+    assert "<token>" in line["exc_info"]
+    assert line["data"] == {"url": "/bot<token>/x", "phone": "<phone>"}
+    assert token not in output
+    assert "secret diagnosis" not in output
+    assert "912 345" not in output
+    assert line["time"][:4].isdigit()  # the formatter's own fields stay as they are

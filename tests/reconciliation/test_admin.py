@@ -397,3 +397,105 @@ def test_metrics_export_the_dashboard_numbers_and_keep_the_old_names(sandbox, bo
     assert f'dovecote_bot_dead_letters_open{{bot="{bot.name}",reason="permanent"}} 1' in text
     names = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")]
     assert len(names) == len(set(names))
+
+
+def test_a_view_only_operator_sees_neither_the_token_nor_the_webhook_secret(bot_factory) -> None:
+    """Found from outside: Django renders every field of a read-only page, token included."""
+    from django.contrib.auth.models import Permission
+
+    bot = bot_factory(webhook_secret="wh-secret-value-123")
+    viewer = persona("vera")
+    viewer.user_permissions.add(Permission.objects.get(codename="view_bot"))
+
+    page = logged_in(viewer).get(reverse("admin:bots_bot_change", args=[bot.pk]))
+
+    assert page.status_code == 200
+    text = page.content.decode()
+    assert bot.token not in text
+    assert bot.token.split(":")[1] not in text
+    assert "wh-secret-value-123" not in text
+    assert f"{bot.token.split(':')[0]}:…{bot.token[-2:]}" in text  # the hint
+    assert "set (19 characters)" in text
+
+
+def test_credentials_are_write_only_and_their_change_is_audited_without_the_value(bot_factory) -> None:
+    bot = bot_factory(webhook_secret="old-secret")
+    admin_user = persona("root", superuser=True)
+    client = logged_in(admin_user)
+    url = reverse("admin:bots_bot_change", args=[bot.pk])
+
+    page = client.get(url).content.decode()
+    assert bot.token not in page
+    assert "old-secret" not in page
+
+    form = {
+        "name": bot.name,
+        "token": "",  # left empty: kept
+        "webhook_secret": "new-secret",
+        "api_base_url": bot.api_base_url,
+        "is_active": "on",
+        "responder": bot.responder,
+        "rate_limit": bot.rate_limit,
+        "openai_model": "",
+        "system_prompt": "",
+    }
+    response = client.post(url, form)
+    assert response.status_code == 302, response.content.decode()[:2000]
+
+    bot_after = type(bot).objects.get(pk=bot.pk)
+    assert (bot_after.token, bot_after.webhook_secret) == (bot.token, "new-secret")
+    [entry] = AuditEntry.objects.filter(action="bot.credentials_changed")
+    assert (entry.actor, entry.details) == (admin_user, {"fields": ["webhook_secret"]})
+    assert "new-secret" not in str(entry.__dict__)
+
+
+def test_circuits_change_only_through_pause_and_resume(bot, developer) -> None:
+    from outbox import circuits
+
+    circuits.open_for_auth(f"bot:{bot.pk}", reason="401")
+    circuit = Circuit.objects.get(scope=f"bot:{bot.pk}")
+    client = logged_in(persona("root", superuser=True))
+    url = reverse("admin:outbox_circuit_change", args=[circuit.pk])
+
+    client.post(url, {"scope": circuit.scope, "state": "closed", "reason": "", "manual": ""})
+
+    assert Circuit.objects.get(pk=circuit.pk).state == CircuitState.OPEN
+    assert client.get(url).status_code == 200  # still visible, read-only
+
+
+def test_error_texts_that_echo_a_crm_body_are_redacted_without_payload_access(bot, operator, developer) -> None:
+    """Found from outside: payloads were masked, but a CRM's error echoing the lead was not."""
+    from bots.models import ConsumerRun, RunState
+    from tests.reconciliation.factories import stored_update
+
+    echoed = 'CRM 422: {"name": "Alice Smith", "phone": "+7 912 345-67-89", "email": "alice@example.com"}'
+    update = stored_update(bot)
+    run = ConsumerRun.objects.create(
+        update=update,
+        bot=bot,
+        consumer="crm_webhook",
+        state=RunState.FAILED,
+        last_error=echoed,
+        next_attempt_at=timezone.now(),
+    )
+    letter = DeadLetter.objects.create(
+        bot=bot,
+        consumer_run=run,
+        consumer="crm_webhook",
+        reason_class=ErrorClass.PERMANENT,
+        first_error=echoed,
+        last_error=echoed,
+    )
+    pages = [
+        change_url(letter),
+        reverse("admin:outbox_deadletter_changelist"),
+        reverse("admin:bots_consumerrun_change", args=[run.pk]),
+    ]
+
+    for url in pages:
+        text = logged_in(operator).get(url).content.decode()
+        assert "+7 912" not in text, url
+        assert "alice@example.com" not in text, url
+        assert "Alice Smith" not in text, url
+    full = logged_in(developer).get(change_url(letter)).content.decode()
+    assert "alice@example.com" in full

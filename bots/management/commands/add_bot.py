@@ -3,7 +3,7 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from bots.models import Responder
+from bots.models import Bot, Responder
 from bots.services import add_bot
 
 
@@ -23,6 +23,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         if options["rate_limit"] is not None and not 1 <= options["rate_limit"] <= 1000:
             raise CommandError("--rate-limit must be between 1 and 1000 messages per second")
+        had_secret = Bot.objects.filter(name=options["name"]).exclude(webhook_secret="").exists()
         try:
             bot, created = add_bot(
                 name=options["name"],
@@ -36,3 +37,6 @@ class Command(BaseCommand):
             messages = "; ".join(f"{field}: {' '.join(errs)}" for field, errs in exc.message_dict.items())
             raise CommandError(messages) from exc
         self.stdout.write(f"{'Created' if created else 'Updated'} bot {bot.name}. Webhook path: {bot.webhook_path}")
+        if options["webhook_secret"] is None and not had_secret:
+            # Generated: printed this once (set_webhook hands it to Telegram; nobody else needs it).
+            self.stdout.write(f"Webhook secret (generated, shown once): {bot.webhook_secret}")

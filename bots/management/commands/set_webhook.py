@@ -4,6 +4,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from bots import registry
 from bots.models import Bot
+from bots.services import bot_webhook_secret_ensure
 from outbox import telegram
 
 
@@ -23,9 +24,12 @@ class Command(BaseCommand):
         if not base.startswith(("http://", "https://")):
             raise CommandError("--url must start with https:// (Telegram requires HTTPS for real bots)")
         url = base + bot.webhook_path
-        params: dict[str, Any] = {"url": url, "drop_pending_updates": options["drop_pending"]}
-        if bot.webhook_secret:
-            params["secret_token"] = bot.webhook_secret
+        params: dict[str, Any] = {
+            "url": url,
+            "drop_pending_updates": options["drop_pending"],
+            # Always: a bot made before secrets were generated gets one now, and Telegram with it.
+            "secret_token": bot_webhook_secret_ensure(bot),
+        }
         allowed = registry.wanted_update_types()
         if allowed:
             params["allowed_updates"] = allowed
