@@ -50,7 +50,7 @@ READ_TIMEOUT = 2.0  # DOVECOTE_TELEGRAM_READ_TIMEOUT of the worker: "slow" answe
 FAST_RECOVERY_ENV = {
     "DOVECOTE_TELEGRAM_READ_TIMEOUT": str(READ_TIMEOUT),
     "DOVECOTE_TELEGRAM_CONNECT_TIMEOUT": "1",
-    # Longer than a send may take (outbox/checks.py: 0.25 + 1 + 2 × 2 + 5 + 5 s).
+    # Longer than a send may take (outbox/checks.py: 0.25 + 1 + 2 x 2 + 5 + 5 s).
     "DOVECOTE_SEND_LEASE_SECONDS": "16",
     # A consumer run whose worker was killed waits out this lease (default 5 minutes).
     "DOVECOTE_CONSUMER_LEASE_SECONDS": "10",
