@@ -20,12 +20,18 @@ from limits.storage import MemoryStorage, Storage, storage_from_string
 from limits.strategies import MovingWindowRateLimiter
 
 from outbox import policy
+from project import connections
+from project.connections import redis_ssl_options
 
 
 @cache
 def _storage() -> Storage:
     if settings.REDIS_URL:
-        return storage_from_string(settings.REDIS_URL, key_prefix=f"{settings.DOVECOTE_REDIS_PREFIX}dovecote-limits")
+        return storage_from_string(
+            settings.REDIS_URL,
+            key_prefix=f"{settings.DOVECOTE_REDIS_PREFIX}dovecote-limits",
+            **redis_ssl_options(settings.REDIS_URL, settings.REDIS_SSL_CERT_REQS),
+        )
     return MemoryStorage()
 
 
@@ -37,9 +43,7 @@ def _limiter() -> MovingWindowRateLimiter:
 @cache
 def redis_client():
     """This process's client for Dovecote's own Redis keys (the limiter's, the drain's)."""
-    import redis
-
-    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
+    return connections.redis_client()
 
 
 _local_pauses: dict[int, float] = {}

@@ -10,6 +10,8 @@ from pathlib import Path
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
+from project.connections import broker_kind, redis_ssl_options
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
 
@@ -147,20 +149,29 @@ WHITENOISE_USE_FINDERS = DEBUG
 
 # --- Celery: at-least-once delivery, the database is the record ------------------------
 REDIS_URL = env.str("REDIS_URL", default="")
+# `rediss://` (Heroku Redis): how the server's certificate is checked, for every Redis client
+# (broker, limiter, drain, sweeper, /readyz): none | optional | required. Heroku's is self-signed.
+REDIS_SSL_CERT_REQS = env.str("REDIS_SSL_CERT_REQS", default="required").lower()
 # Prefix of every Redis key Dovecote writes (broker queues, limiter, flood pauses), so that
 # several deployments - or test runs - can share one Redis.
 DOVECOTE_REDIS_PREFIX = env.str("DOVECOTE_REDIS_PREFIX", default="")
 BROKER_DIR = VAR_DIR / "broker"
+# Another broker (RabbitMQ: amqp://...) than REDIS_URL; Redis keeps the limiter, the drain's
+# wake-up keys and the sweeper's. Celery itself also reads CELERY_BROKER_URL from the
+# environment first, so this must agree with it.
+_BROKER_URL = env.str("CELERY_BROKER_URL", default="") or env.str("DOVECOTE_BROKER_URL", default="")
 
-if REDIS_URL:
-    CELERY_BROKER_URL = REDIS_URL
-    CELERY_BROKER_TRANSPORT_OPTIONS = {
+if _BROKER_URL or REDIS_URL:
+    CELERY_BROKER_URL = _BROKER_URL or REDIS_URL
+    CELERY_BROKER_TRANSPORT_OPTIONS = {}
+    if broker_kind(CELERY_BROKER_URL) == "redis":
+        # Redis-only options (kombu's other transports ignore or refuse them).
         # Longer than any task (a send is bounded by the HTTP timeouts); long waits live
         # in the database as next_attempt_at, never as a Redis countdown past this.
-        "visibility_timeout": env.int("CELERY_VISIBILITY_TIMEOUT", default=3600),
-    }
-    if DOVECOTE_REDIS_PREFIX:
-        CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] = DOVECOTE_REDIS_PREFIX
+        CELERY_BROKER_TRANSPORT_OPTIONS["visibility_timeout"] = env.int("CELERY_VISIBILITY_TIMEOUT", default=3600)
+        if DOVECOTE_REDIS_PREFIX:
+            CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] = DOVECOTE_REDIS_PREFIX
+        CELERY_BROKER_USE_SSL = redis_ssl_options(CELERY_BROKER_URL, REDIS_SSL_CERT_REQS) or None
 else:
     for sub in ("in", "processed", "control"):
         (BROKER_DIR / sub).mkdir(parents=True, exist_ok=True)
@@ -200,7 +211,7 @@ CELERY_RESULT_BACKEND = None
 CELERY_TIMEZONE = "UTC"
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-# Publishing from the webhook must fail fast when Redis is down: the row is committed and
+# Publishing from the webhook must fail fast when the broker is down: the row is committed and
 # the sweeper dispatches it later, so a long publish retry would only delay the 200.
 CELERY_BROKER_CONNECTION_TIMEOUT = env.float("CELERY_BROKER_CONNECTION_TIMEOUT", default=2.0)
 CELERY_TASK_PUBLISH_RETRY = False

@@ -120,10 +120,9 @@ def _redis_key() -> str:
 
 
 def _redis() -> Any:
-    # Imported here: the demo runs without redis.
-    import redis
+    from project.connections import redis_client
 
-    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2, socket_connect_timeout=2)
+    return redis_client()
 
 
 def retention_due() -> bool:

@@ -11,6 +11,7 @@ from django.db import DatabaseError, connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 
+from project import connections
 from reconciliation.selectors import queue_status
 from reconciliation.sweeper import sweeper_last_run
 
@@ -19,18 +20,6 @@ logger = logging.getLogger(__name__)
 
 def healthz(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"ok": True})
-
-
-def _broker_ok() -> tuple[bool, str]:
-    if not settings.REDIS_URL:
-        return settings.BROKER_DIR.is_dir(), "filesystem"
-    import redis
-
-    try:
-        redis.Redis.from_url(settings.REDIS_URL, socket_timeout=1, socket_connect_timeout=1).ping()
-    except redis.RedisError as exc:
-        return False, str(exc)
-    return True, "redis"
 
 
 def readyz(request: HttpRequest) -> JsonResponse:
@@ -42,9 +31,14 @@ def readyz(request: HttpRequest) -> JsonResponse:
         checks["database"] = "ok"
     except DatabaseError as exc:
         ok, checks["database"] = False, f"unavailable: {type(exc).__name__}"
-    broker_ok, detail = _broker_ok()
+    broker_ok, detail = connections.check_broker()
     checks["broker"] = "ok" if broker_ok else f"unavailable: {detail}"
     ok = ok and broker_ok
+    if settings.REDIS_URL and connections.broker_kind(settings.CELERY_BROKER_URL) != "redis":
+        # Another broker (RabbitMQ): Redis holds only the limiter and the wake-up keys. Shown,
+        # but it does not make the process unready: the webhook still stores and answers.
+        redis_ok, detail = connections.check_redis()
+        checks["redis"] = "ok" if redis_ok else f"unavailable: {detail}"
     # Informational: a dead beat does not make this process unready, but it must be seen.
     last_run = sweeper_last_run()
     sweeper = {

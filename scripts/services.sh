@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Make sure PostgreSQL and Redis run on 127.0.0.1 for `make test`: install them from Debian's
-# packages when missing (as root), start them when installed but stopped. Never stops anything.
+# Make sure PostgreSQL, Redis and RabbitMQ run on 127.0.0.1 for `make test`: install them from
+# Debian's packages when missing (as root), start them when installed but stopped. Never stops
+# anything. RabbitMQ is optional: if it cannot be started, the tests on it are skipped (saying so).
 set -euo pipefail
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else "$@"; fi; }
@@ -45,6 +46,25 @@ if ! redis_up; then
     --dir /var/lib/redis --logfile /var/log/redis/ci.log
   for _ in $(seq 1 30); do redis_up && break; sleep 0.5; done
   redis_up || { echo "services: Redis did not start" >&2; exit 1; }
+fi
+
+rabbit_up() { (exec 3<>/dev/tcp/127.0.0.1/5672) 2>/dev/null; }
+
+if ! rabbit_up; then
+  if ! command -v rabbitmq-server >/dev/null; then
+    echo "services: installing RabbitMQ"
+    if apt_install rabbitmq-server; then
+      # Loopback only, as PostgreSQL and Redis; guest/guest is refused from elsewhere anyway.
+      echo "listeners.tcp.local = 127.0.0.1:5672" | as_root tee -a /etc/rabbitmq/rabbitmq.conf >/dev/null
+    fi
+  fi
+  if command -v rabbitmq-server >/dev/null; then
+    echo "services: starting RabbitMQ"
+    # The init script where there is no systemd (containers, CI); the server itself otherwise.
+    as_root /etc/init.d/rabbitmq-server start >/dev/null 2>&1 || as_root rabbitmq-server -detached || true
+    for _ in $(seq 1 60); do rabbit_up && break; sleep 1; done
+  fi
+  rabbit_up || echo "services: RabbitMQ did not start; the tests on RabbitMQ will be skipped" >&2
 fi
 
 # The browser test drives Debian's Chromium (Playwright's own browser download is not reachable).

@@ -4,12 +4,14 @@ sandbox over HTTP, and real Celery workers and gunicorn as subprocesses."""
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Iterator
 
 import pytest
 import redis
 from django.conf import settings
 from django.db import connection
+from django.test import override_settings
 
 from bots.models import Bot
 from bots.sandbox.client import SandboxClient
@@ -151,3 +153,66 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=[],
         help="run tests/e2e/test_fault_schedules.py with this seed (repeatable) instead of its fixed seeds",
     )
+
+
+RABBITMQ_URL = os.environ.get("DOVECOTE_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
+
+
+def _point_celery_at(url: str, transport_options: dict, default_queue: str) -> None:
+    """Switch this process's Celery app (the test publishes too: enqueues, sweeps) to a broker."""
+    from project.celery import app
+
+    app.conf.broker_url = url
+    app.conf.broker_transport_options = transport_options
+    app.conf.task_default_queue = default_queue
+    if app._pool is not None:
+        app._pool.force_close_all()
+        app._pool = None
+    app.__dict__.pop("amqp", None)  # its queues, router and producer pool were built for the old one
+
+
+@pytest.fixture
+def broker(request: pytest.FixtureRequest, process_env: dict[str, str]) -> Iterator[str]:
+    """Parametrize with `indirect=True` over "redis" and "amqp": the broker of the workers and
+    web processes the test starts, and of this process. Redis keeps the limiter and the keys
+    either way. On RabbitMQ each test gets its own queue names (no key prefix there), so that
+    parallel runs never consume each other's tasks; they are deleted afterwards."""
+    kind = getattr(request, "param", "redis")
+    if kind == "redis":
+        yield kind
+        return
+    from kombu import Connection
+
+    try:
+        with Connection(RABBITMQ_URL, connect_timeout=2) as conn:
+            conn.ensure_connection(max_retries=1)
+    except Exception as exc:  # any reason RabbitMQ is not there
+        pytest.skip(f"RabbitMQ not reachable at {RABBITMQ_URL} ({exc}); `make services` starts or installs it")
+    prefix = f"{settings.DOVECOTE_REDIS_PREFIX.rstrip(':')}-{next(_bot_numbers)}."
+    queues = [f"{prefix}dovecote", f"{prefix}dovecote.bulk"]
+    process_env.update(CELERY_BROKER_URL=RABBITMQ_URL, DOVECOTE_QUEUE_PREFIX=prefix)
+    before = (
+        settings.CELERY_BROKER_URL,
+        dict(settings.CELERY_BROKER_TRANSPORT_OPTIONS),
+        settings.CELERY_TASK_DEFAULT_QUEUE,
+    )
+    overrides = override_settings(
+        CELERY_BROKER_URL=RABBITMQ_URL,
+        CELERY_BROKER_TRANSPORT_OPTIONS={},
+        CELERY_TASK_DEFAULT_QUEUE=queues[0],
+        CELERY_TASK_QUEUE_BULK=queues[1],
+    )
+    overrides.enable()
+    _point_celery_at(RABBITMQ_URL, {}, queues[0])
+    try:
+        yield kind
+    finally:
+        overrides.disable()
+        _point_celery_at(*before)
+        with Connection(RABBITMQ_URL, connect_timeout=2) as conn:
+            channel = conn.channel()
+            # Passive: raises if the worker never declared its queue on RabbitMQ.
+            channel.queue_declare(queues[0], passive=True)
+            for name in queues:
+                channel.queue_delete(name)
+                channel.exchange_delete(name)

@@ -115,3 +115,42 @@ def test_check_deploy_with_the_recommended_production_settings_reports_nothing()
     )
     assert done.returncode == 0, done.stderr
     assert "System check identified no issues" in done.stdout
+
+
+CELERY_CONF = (
+    "from project.celery import app; c = app.conf; "
+    "print(c.broker_url, sorted(c.broker_transport_options), bool(c.broker_use_ssl), sep='|')"
+)
+
+
+@pytest.mark.parametrize(
+    ("broker_env", "expected"),
+    [
+        ({}, ["redis://127.0.0.1:6379/3", "['global_keyprefix', 'visibility_timeout']", "False"]),
+        (
+            {"CELERY_BROKER_URL": "amqp://guest:guest@127.0.0.1:5672//"},
+            ["amqp://guest:guest@127.0.0.1:5672//", "[]", "False"],
+        ),
+        (
+            {"DOVECOTE_BROKER_URL": "amqp://guest:guest@127.0.0.1:5672//"},
+            ["amqp://guest:guest@127.0.0.1:5672//", "[]", "False"],
+        ),
+        (
+            {"REDIS_URL": "rediss://127.0.0.1:6380/0"},
+            ["rediss://127.0.0.1:6380/0", "['global_keyprefix', 'visibility_timeout']", "True"],
+        ),
+    ],
+)
+def test_the_broker_gets_redis_only_options_and_tls_only_when_it_is_redis(broker_env: dict, expected: list) -> None:
+    env = platform_env(DATABASE_URL="postgres://postgres@127.0.0.1:5432/dovecote", DOVECOTE_REDIS_PREFIX="deploy:")
+    env.pop("CELERY_BROKER_URL", None)
+    env.update({"REDIS_URL": "redis://127.0.0.1:6379/3", **broker_env})
+    out = subprocess.run(
+        [str(VENV_BIN / "python"), "-c", f"import django; django.setup(); {CELERY_CONF}"],
+        cwd=ROOT,
+        env={**env, "DJANGO_SETTINGS_MODULE": "project.settings"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert out.stdout.strip().splitlines()[-1].split("|") == expected, out.stderr

@@ -23,10 +23,31 @@ def test_readyz_checks_database_and_broker(client: Client) -> None:
 
 
 def test_readyz_is_503_when_the_broker_is_unreachable(client: Client, settings) -> None:
-    settings.REDIS_URL = "redis://127.0.0.1:9/0"
+    settings.REDIS_URL = settings.CELERY_BROKER_URL = "redis://127.0.0.1:9/0"
     response = client.get("/readyz")
     assert response.status_code == 503
     assert response.json()["checks"]["broker"].startswith("unavailable")
+
+
+def test_readyz_checks_a_rabbitmq_broker_and_redis_separately(client: Client, settings) -> None:
+    from tests.conftest import RABBITMQ_URL
+
+    settings.CELERY_BROKER_URL = RABBITMQ_URL
+    response = client.get("/readyz")
+    assert (response.status_code, response.json()["checks"]) == (
+        200,
+        {"database": "ok", "broker": "ok", "redis": "ok"},
+    )
+
+    # RabbitMQ down: not ready. Redis down alone: shown, but the webhook still stores and answers.
+    settings.CELERY_BROKER_URL = "amqp://guest:guest@127.0.0.1:9//"
+    response = client.get("/readyz")
+    assert response.status_code == 503
+    assert response.json()["checks"]["broker"].startswith("unavailable: ")
+    settings.CELERY_BROKER_URL, settings.REDIS_URL = RABBITMQ_URL, "redis://127.0.0.1:9/0"
+    response = client.get("/readyz")
+    assert response.status_code == 200
+    assert response.json()["checks"]["redis"].startswith("unavailable: ")
 
 
 def test_metrics_exports_backlog_in_prometheus_text_format(client: Client, bot) -> None:

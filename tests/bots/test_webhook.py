@@ -232,6 +232,28 @@ def test_the_broker_down_still_answers_200_with_the_row_committed(
     assert httpx.get(f"{url}/readyz", timeout=10).status_code == 503
 
 
+@pytest.mark.e2e
+def test_rabbitmq_down_still_answers_200_within_the_connection_timeout_with_the_row_committed(
+    process_env: dict, processes: list, bot_factory
+) -> None:
+    from tests.support import start_web
+
+    bot = bot_factory()
+    env = {**process_env, "CELERY_BROKER_URL": "amqp://guest:guest@127.0.0.1:9//"}
+    proc, url = start_web(env, name="web-norabbit")
+    processes.append(proc)
+
+    response = httpx.post(f"{url}{bot.webhook_path}", json=message_update(12), timeout=20)
+
+    assert response.status_code == 200
+    assert response.elapsed.total_seconds() < 5  # CELERY_BROKER_CONNECTION_TIMEOUT is 2 s
+    assert InboundUpdate.objects.get(bot=bot, update_id=12).state == UpdateState.NEW
+    ready = httpx.get(f"{url}/readyz", timeout=10)
+    assert ready.status_code == 503
+    assert ready.json()["checks"]["broker"].startswith("unavailable: ")
+    assert ready.json()["checks"]["redis"] == "ok"
+
+
 def test_a_bot_without_a_webhook_secret_is_refused_unless_debug_is_on(client: Client, bot_factory) -> None:
     bare = bot_factory()  # made before secrets were generated, or by hand
 

@@ -259,8 +259,9 @@ def _enqueue_batch(bot, prefix: str, n: int = 4) -> list[OutboundMessage]:
         ]
 
 
+@pytest.mark.parametrize("broker", ["redis", "amqp"], indirect=True)
 def test_a_drain_killed_after_claiming_a_batch_is_recovered_and_each_message_sent_once(
-    process_env: dict[str, str], processes: list[Process], sandbox, bot_factory
+    broker: str, process_env: dict[str, str], processes: list[Process], sandbox, bot_factory
 ) -> None:
     bot = bot_factory()
     doomed = crash_worker(process_env, processes, failpoint="after_claim", name="worker-f")

@@ -13,7 +13,8 @@ from tests.support import wait_until
 pytestmark = [pytest.mark.e2e]
 
 
-def test_each_update_gets_exactly_one_echo_reply(web: str, worker, sandbox, bot_factory) -> None:
+@pytest.mark.parametrize("broker", ["redis", "amqp"], indirect=True)
+def test_each_update_gets_exactly_one_echo_reply(broker: str, web: str, worker, sandbox, bot_factory) -> None:
     bot = bot_factory(webhook_secret="alices-secret")
     call_command("set_webhook", bot.name, "--url", web)
 
