@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Make sure PostgreSQL and Redis run on 127.0.0.1 for `make test`: install them from Debian's
-# packages when missing (as root), start them when installed but stopped. Never stops anything.
+# packages when missing (as root), start them when installed but stopped; install PgBouncer
+# when missing (its test starts its own). Never stops anything.
 set -euo pipefail
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else "$@"; fi; }
@@ -45,6 +46,12 @@ if ! redis_up; then
     --dir /var/lib/redis --logfile /var/log/redis/ci.log
   for _ in $(seq 1 30); do redis_up && break; sleep 0.5; done
   redis_up || { echo "services: Redis did not start" >&2; exit 1; }
+fi
+
+# The PgBouncer test (tests/e2e/test_pgbouncer.py) starts its own pgbouncer on a free port.
+if ! command -v pgbouncer >/dev/null && [ ! -x /usr/sbin/pgbouncer ]; then
+  echo "services: installing PgBouncer for the transaction-pooling test"
+  apt_install pgbouncer || echo "services: PgBouncer could not be installed; its test will be skipped" >&2
 fi
 
 # The browser test drives Debian's Chromium (Playwright's own browser download is not reachable).
