@@ -121,6 +121,21 @@ else:
         "connect_timeout", env.int("DATABASE_CONNECT_TIMEOUT", default=5)
     )
 
+# Behind PgBouncer in transaction pooling mode (Heroku's and most managed poolers), a client's
+# consecutive transactions may run on different server connections, so nothing may rely on
+# session state: no WITH HOLD cursors (Django's .iterator() outside a transaction), no
+# server-side prepared statements (psycopg's prepare_threshold; Django 5.2 already defaults
+# it to None, pinned here so a DATABASE_URL option cannot turn it on), no server-side
+# binding. Dovecote itself takes no session locks (the sweeper uses a lease row) and sets
+# nothing per session; Django's SET TIME ZONE is a parameter PgBouncer tracks per client.
+DATABASE_POOLER = env.str("DATABASE_POOLER", default="")
+if DATABASE_POOLER not in ("", "session", "transaction"):
+    raise ImproperlyConfigured("DATABASE_POOLER must be empty, 'session' or 'transaction'.")
+if DATABASE_POOLER == "transaction" and DATABASES["default"]["ENGINE"] != "django.db.backends.sqlite3":
+    DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
+    DATABASES["default"]["OPTIONS"]["prepare_threshold"] = None
+    DATABASES["default"]["OPTIONS"].pop("server_side_binding", None)
+
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -265,6 +280,10 @@ DOVECOTE_IDEMPOTENCY_KEEP_HOURS = env.int("DOVECOTE_IDEMPOTENCY_KEEP_HOURS", def
 DOVECOTE_OUTBOX_RETENTION_DAYS = env.int("DOVECOTE_OUTBOX_RETENTION_DAYS", default=90)
 DOVECOTE_LEDGER_RETENTION_DAYS = max(1, env.int("DOVECOTE_LEDGER_RETENTION_DAYS", default=7))
 DOVECOTE_SWEEP_INTERVAL_SECONDS = env.int("DOVECOTE_SWEEP_INTERVAL_SECONDS", default=15)
+# The sweeper's lease (reconciliation/sweeper.py), renewed after each step: longer than the
+# longest step (retention stops after DOVECOTE_RETENTION_BUDGET_SECONDS); a killed sweeper
+# holds the next one back at most this long.
+DOVECOTE_SWEEP_LEASE_SECONDS = env.float("DOVECOTE_SWEEP_LEASE_SECONDS", default=60.0)
 # on_ambiguous=resend: how long an unknown message waits before the sweeper resends it.
 DOVECOTE_AMBIGUOUS_RESEND_DELAY_SECONDS = env.float("DOVECOTE_AMBIGUOUS_RESEND_DELAY_SECONDS", default=60.0)
 # A row due this long ago and not claimed is taken to have lost its broker message.

@@ -155,3 +155,16 @@ class BulkRetry(models.Model):
 
     def __str__(self) -> str:
         return f"bulk retry {self.pk} ({self.released}/{self.total}, {self.state})"
+
+
+class SweeperLease(models.Model):
+    """The one row saying which sweeper may sweep, and until when (reconciliation/sweeper.py).
+
+    Taken and renewed by conditional UPDATEs, so it holds across transactions and through a
+    transaction-pooling PgBouncer, unlike a session advisory lock."""
+
+    holder = models.CharField(max_length=200, blank=True, help_text="host:pid:nonce of the sweeping process.")
+    expires_at = models.DateTimeField(null=True, blank=True, help_text="Free after this (a killed sweeper's lease).")
+
+    def __str__(self) -> str:
+        return f"sweeper lease: {self.holder or 'free'}"

@@ -19,10 +19,21 @@ reconciliation/0002, so `beat` needs no set-up). One sweep:
    app's old rows, in batches within DOVECOTE_RETENTION_BUDGET_SECONDS, once per
    DOVECOTE_RETENTION_INTERVAL_SECONDS - or on the next tick again while a backlog is left.
 
-Two sweepers at once (two beats, a manual run): on PostgreSQL a session advisory lock lets
-one run and the other return at once; PostgreSQL drops the lock with the session, so a
-sweeper killed mid-sweep cannot orphan it. Underneath, every step is still a conditional
-UPDATE naming the state it expects, and a redispatched task starts with a claim.
+Two sweepers at once (two beats, a manual run): one runs, the other returns {"skipped": 1}
+at once. The guard is a lease row (reconciliation.models.SweeperLease: holder, expires_at),
+taken with a conditional UPDATE like every claim in the project, renewed after each step
+and freed at the end; a sweeper killed mid-sweep blocks the next one only until its lease
+expires (DOVECOTE_SWEEP_LEASE_SECONDS). Not an advisory lock, because Dovecote runs behind
+PgBouncer in transaction pooling mode (Heroku's and most managed poolers): a session lock
+(pg_try_advisory_lock) is taken on one server connection and its unlock may run on another,
+so it leaks on an idle pooled connection and stops every later sweep that lands there; a
+transaction lock (pg_try_advisory_xact_lock) lasts one transaction, and holding one open
+for the whole sweep would put the steps into it - they commit on their own (conditional
+UPDATEs, retention's many short deletes, Celery publishes on commit) - and pin a server
+connection. A row works with any pooler and any number of beat instances, and the database's
+clock (NOW()) decides expiry, so beats on skewed clocks agree. Underneath, every step is
+still a conditional UPDATE naming the state it expects, and a redispatched task starts with
+a claim, so even an overlap after an expired lease recovers each row once.
 
 Every query below is one of the `*_qs` functions, each served by a partial index
 (tests/reconciliation/test_sweeper_plans.py EXPLAINs them).
@@ -31,14 +42,18 @@ Every query below is one of the `*_qs` functions, each served by a partial index
 from __future__ import annotations
 
 import logging
+import os
+import socket
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import DatabaseError, connection
-from django.db.models import Exists, F, OuterRef, Q, QuerySet
+from django.db import DatabaseError
+from django.db.models import DateTimeField, Exists, ExpressionWrapper, F, OuterRef, Q, QuerySet
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from bots import registry
@@ -50,13 +65,13 @@ from outbox import transitions as outbox_transitions
 from outbox.models import Circuit, CircuitState, ErrorClass, OnAmbiguous, OutboundMessage, State
 from reconciliation import retention, triage
 from reconciliation import services as reconciliation_services
-from reconciliation.models import BulkRetry, BulkState, CaseStatus, ReconciliationCase
+from reconciliation.models import BulkRetry, BulkState, CaseStatus, ReconciliationCase, SweeperLease
 
 logger = logging.getLogger(__name__)
 
 BATCH = 500
-# pg_advisory_lock key: "dove" in ASCII.
-SWEEP_LOCK_KEY = 0x646F7665
+# The one SweeperLease row.
+LEASE_PK = 1
 WAITING = [State.PENDING, State.RETRY]
 RUN_WAITING = [RunState.PENDING, RunState.RETRY]
 
@@ -126,27 +141,45 @@ def messages_due_qs(
     return chat_order.heads(qs, now=now)
 
 
-# --------------------------------------------------------------------------- the lock
+# --------------------------------------------------------------------------- the lease
+def _lease_until() -> ExpressionWrapper:
+    ttl = timedelta(seconds=settings.DOVECOTE_SWEEP_LEASE_SECONDS)
+    return ExpressionWrapper(Now() + ttl, output_field=DateTimeField())
+
+
+def lease_take(holder: str) -> bool:
+    """Take the lease if it is free or expired: one conditional UPDATE (the row is created
+    on first use; transactional tests flush it, so no data migration is relied on)."""
+    SweeperLease.objects.bulk_create([SweeperLease(pk=LEASE_PK)], ignore_conflicts=True)
+    free = Q(expires_at__isnull=True) | Q(expires_at__lt=Now())
+    return bool(SweeperLease.objects.filter(free, pk=LEASE_PK).update(holder=holder, expires_at=_lease_until()))
+
+
+def lease_renew(holder: str) -> bool:
+    """Extend our lease; False if it expired and another sweeper took it."""
+    return bool(SweeperLease.objects.filter(pk=LEASE_PK, holder=holder).update(expires_at=_lease_until()))
+
+
+def lease_release(holder: str) -> None:
+    SweeperLease.objects.filter(pk=LEASE_PK, holder=holder).update(holder="", expires_at=None)
+
+
 @contextmanager
-def sweep_lock() -> Iterator[bool]:
-    """True when this process may sweep. PostgreSQL: a session advisory lock, released at
-    the end or by PostgreSQL when a killed sweeper's connection goes away."""
-    if connection.vendor != "postgresql":
-        yield True
+def sweep_lease() -> Iterator[str | None]:
+    """The holder name when this process may sweep, else None. Freed at the end; a killed
+    sweeper's lease expires after DOVECOTE_SWEEP_LEASE_SECONDS."""
+    holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    if not lease_take(holder):
+        yield None
         return
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_lock(%s)", [SWEEP_LOCK_KEY])
-        got = bool(cursor.fetchone()[0])
     try:
-        yield got
+        yield holder
     finally:
-        if got:
-            try:
-                with connection.cursor() as cursor:
-                    cursor.execute("SELECT pg_advisory_unlock(%s)", [SWEEP_LOCK_KEY])
-            except DatabaseError:
-                # Closing the session releases the lock too.
-                connection.close()
+        try:
+            lease_release(holder)
+        except DatabaseError as exc:
+            # The lease expires by itself.
+            logger.warning("could not free the sweeper lease: %s", exc)
 
 
 # --------------------------------------------------------------------------- the steps
@@ -406,14 +439,18 @@ def sweep() -> dict[str, int]:
         ),
         0,
     )
-    with sweep_lock() as got:
-        if not got:
-            logger.info("sweep skipped: another sweeper holds the lock")
+    with sweep_lease() as holder:
+        if holder is None:
+            logger.info("sweep skipped: another sweeper holds the lease")
             return {"skipped": 1}
         for step in STEPS:
             # Each step re-reads the clock: a long step must not make the next act on
             # a stale "now" (e.g. recovering a lease that was renewed meanwhile).
             step(timezone.now(), report)
+            if not lease_renew(holder):
+                # A step outlasted the lease and another sweeper took over: leave it the rest.
+                logger.warning("sweep stopped after %s: the lease expired and was taken", step.__name__)
+                break
         _record_last_run(timezone.now())
     done = {k: v for k, v in report.items() if v}
     if done:

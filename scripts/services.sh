@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Make sure PostgreSQL, Redis and RabbitMQ run on 127.0.0.1 for `make test`: install them from
-# Debian's packages when missing (as root), start them when installed but stopped. Never stops
-# anything. RabbitMQ is optional: if it cannot be started, the tests on it are skipped (saying so).
+# Debian's packages when missing (as root), start them when installed but stopped; install
+# PgBouncer when missing (its test starts its own). Never stops anything. RabbitMQ is
+# optional: if it cannot be started, the tests on it are skipped (saying so).
 set -euo pipefail
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else "$@"; fi; }
@@ -65,6 +66,12 @@ if ! rabbit_up; then
     for _ in $(seq 1 60); do rabbit_up && break; sleep 1; done
   fi
   rabbit_up || echo "services: RabbitMQ did not start; the tests on RabbitMQ will be skipped" >&2
+fi
+
+# The PgBouncer test (tests/e2e/test_pgbouncer.py) starts its own pgbouncer on a free port.
+if ! command -v pgbouncer >/dev/null && [ ! -x /usr/sbin/pgbouncer ]; then
+  echo "services: installing PgBouncer for the transaction-pooling test"
+  apt_install pgbouncer || echo "services: PgBouncer could not be installed; its test will be skipped" >&2
 fi
 
 # The browser test drives Debian's Chromium (Playwright's own browser download is not reachable).

@@ -4,6 +4,7 @@ and refuse to start without their production configuration."""
 
 from __future__ import annotations
 
+import json
 import os
 import runpy
 import subprocess
@@ -154,3 +155,29 @@ def test_the_broker_gets_redis_only_options_and_tls_only_when_it_is_redis(broker
         check=False,
     )
     assert out.stdout.strip().splitlines()[-1].split("|") == expected, out.stderr
+
+
+_POOLED_DB = (
+    "import json, django; django.setup(); from django.conf import settings;"
+    " d = settings.DATABASES['default'];"
+    " print(json.dumps([d.get('DISABLE_SERVER_SIDE_CURSORS', False), d['OPTIONS'].get('prepare_threshold', 'unset'),"
+    " d['OPTIONS'].get('server_side_binding', 'unset')]))"
+)
+
+
+@pytest.mark.parametrize(
+    ("pooler", "expected"),
+    [("transaction", [True, None, "unset"]), ("", [False, 5, "true"])],
+)
+def test_behind_a_transaction_pooler_no_session_state_is_used_whatever_the_url_asks(
+    pooler: str, expected: list[object]
+) -> None:
+    # A DATABASE_URL may carry psycopg options: under transaction pooling they must not turn
+    # server-side prepared statements or binding back on.
+    url = "postgres://postgres@127.0.0.1:6432/dovecote?prepare_threshold=5&server_side_binding=true"
+    env = platform_env(DATABASE_URL=url, REDIS_URL="redis://127.0.0.1:6379/15", DATABASE_POOLER=pooler)
+    done = subprocess.run(
+        [str(VENV_BIN / "python"), "-c", _POOLED_DB], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == expected
