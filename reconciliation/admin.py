@@ -31,7 +31,7 @@ from django.utils.text import Truncator
 from bots.admin import BotAdmin, InboundUpdateAdmin
 from bots.models import Bot, InboundUpdate
 from bots.payloads import clip
-from outbox.admin import OutboundMessageAdmin, RedactedFieldsMixin
+from outbox.admin import ConsumerNameFilter, OutboundMessageAdmin, RedactedFieldsMixin
 from outbox.logging import redact
 from outbox.models import DeadLetter, DeadLetterStatus, ErrorClass, OutboundMessage
 from reconciliation import services, triage
@@ -175,16 +175,8 @@ class AgeBucketFilter(admin.SimpleListFilter):
         return queryset
 
 
-class ConsumerFilter(admin.SimpleListFilter):
-    title = "consumer"
-    parameter_name = "consumer"
-
-    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
-        names = DeadLetter.objects.exclude(consumer="").values_list("consumer", flat=True).distinct().order_by()
-        return [(n, n) for n in sorted(names)]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet | None:
-        return queryset.filter(consumer=self.value()) if self.value() else None
+# The registry's consumer names, not a SELECT DISTINCT over the dead letters.
+ConsumerFilter = ConsumerNameFilter
 
 
 class KindFilter(admin.SimpleListFilter):
@@ -314,6 +306,7 @@ class TriageDeadLetterAdmin(RedactedFieldsMixin, admin.ModelAdmin):
     search_fields = ["=chat_id", "=trace_id", "=idempotency_key"]
     list_select_related = ["bot", "owner"]
     ordering = ["-created_at", "-id"]
+    show_full_result_count = False
     actions = ["bulk_retry_action", "export_csv"]
     change_list_template = "reconciliation/admin/deadletter_change_list.html"
     change_form_template = "reconciliation/admin/deadletter_change_form.html"
