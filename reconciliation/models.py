@@ -76,6 +76,7 @@ class TriagePermissions(models.Model):
             ("view_payload", "Can view full payloads and personal fields"),
             ("pause_circuit", "Can pause and resume bots and consumers"),
             ("view_dashboard", "Can view the operations dashboard"),
+            ("cancel_message", "Can cancel waiting outbound messages and broadcasts"),
         ]
 
     def __str__(self) -> str:
