@@ -202,6 +202,8 @@ class DeadLetter(models.Model):
         ]
         indexes = [
             models.Index(fields=["status", "reason_class", "-created_at"], name="deadletter_triage_idx"),
+            # The admin's list (newest first, any status) and the ops digest's "since".
+            models.Index(fields=["created_at", "id"], name="deadletter_created_idx"),
         ]
 
     def __str__(self) -> str:

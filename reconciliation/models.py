@@ -37,6 +37,8 @@ class ReconciliationCase(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+        # The ops digest counts cases opened since its last run.
+        indexes = [models.Index(fields=["created_at"], name="case_created_idx")]
 
     def __str__(self) -> str:
         return f"case {self.pk} ({self.idempotency_key}) [{self.status}]"
