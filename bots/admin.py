@@ -114,7 +114,9 @@ class InboundUpdateAdmin(ExactSearchMixin, RedactedFieldsMixin, admin.ModelAdmin
     list_filter = ["state", "bot", UpdateTypeFilter]
     search_fields = ["=chat_id", "=update_id", "=trace_id"]
     exact_text_fields = ("trace_id",)
-    exact_int_fields = ("chat_id", "update_id")
+    exact_int_fields = ("chat_id",)
+    # update_id is unique per bot, indexed as (bot, update_id).
+    exact_per_bot_fields = ("update_id",)
     list_select_related = ["bot"]
     readonly_fields = [f.name for f in InboundUpdate._meta.fields]
     # No date_hierarchy: its DATE_TRUNC queries scan the whole table on every page.

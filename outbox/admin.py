@@ -2,7 +2,7 @@ from typing import Any
 
 from django.contrib import admin
 from django.core.paginator import Paginator
-from django.db.models import QuerySet
+from django.db.models import IntegerField, QuerySet
 from django.utils.functional import cached_property
 
 from outbox.logging import redact, redact_json
@@ -109,11 +109,17 @@ def exact_search(
     matches = queryset.none()
     for name in text_fields:
         matches |= queryset.filter(**{name: term})
+    is_int = term.lstrip("-").isdigit() and abs(int(term)) < 2**63
     if per_bot_fields:
         bot_ids = list(Bot.objects.values_list("pk", flat=True))
         for name in per_bot_fields:
-            matches |= queryset.filter(**{"bot_id__in": bot_ids, name: term})
-    if term.lstrip("-").isdigit() and abs(int(term)) < 2**63:
+            value = term
+            if isinstance(queryset.model._meta.get_field(name), IntegerField):
+                if not is_int:
+                    continue
+                value = int(term)
+            matches |= queryset.filter(**{"bot_id__in": bot_ids, name: value})
+    if is_int:
         for name in int_fields:
             matches |= queryset.filter(**{name: int(term)})
     return matches

@@ -71,3 +71,10 @@ def test_the_method_filter_offers_the_bot_api_methods_without_reading_the_table(
     page = admin_client_.get(reverse("admin:outbox_outboundmessage_changelist"), {"method": "sendPhoto"})
     assert page.status_code == 200
     assert "sendDocument" in page.content.decode()
+
+
+def test_an_update_is_found_by_its_update_id_and_a_word_is_not_taken_for_one(admin_client_, bot) -> None:
+    update = stored_update(bot, update_id=987654)
+    url = reverse("admin:bots_inboundupdate_changelist")
+    assert [u.pk for u in admin_client_.get(url, {"q": "987654"}).context["cl"].result_list] == [update.pk]
+    assert list(admin_client_.get(url, {"q": "hello"}).context["cl"].result_list) == []
