@@ -120,6 +120,8 @@ class InboundUpdate(models.Model):
             models.Index(fields=["next_attempt_at"], name="inbox_due_idx", condition=Q(state="new")),
             models.Index(fields=["lease_expires_at"], name="inbox_lease_idx", condition=Q(state="processing")),
             models.Index(fields=["bot", "chat_id", "-received_at"], name="inbox_chat_idx"),
+            # The admin's search by chat id, any bot.
+            models.Index(fields=["chat_id", "id"], name="inbox_chat_search_idx"),
             # Payload retention: updates whose text is still kept, oldest first.
             models.Index(fields=["received_at"], name="inbox_purge_idx", condition=Q(payload_purged_at__isnull=True)),
         ]

@@ -120,6 +120,8 @@ class OutboundMessage(models.Model):
                 condition=Q(state__in=["pending", "retry", "sending"]),
             ),
             models.Index(fields=["state", "updated_at"], name="outbox_state_updated_idx"),
+            # The admin's search by chat id (every state, newest first).
+            models.Index(fields=["chat_id", "id"], name="outbox_chat_search_idx"),
             # Payload retention: sent messages whose text is still kept, oldest first.
             models.Index(
                 fields=["sent_at"],
@@ -200,6 +202,8 @@ class DeadLetter(models.Model):
         ]
         indexes = [
             models.Index(fields=["status", "reason_class", "-created_at"], name="deadletter_triage_idx"),
+            # The admin's list (newest first, any status) and the ops digest's "since".
+            models.Index(fields=["created_at", "id"], name="deadletter_created_idx"),
         ]
 
     def __str__(self) -> str:

@@ -520,6 +520,22 @@ def outbound_message_cancel(message_id: int, *, reason: str = "cancelled") -> bo
     return ok
 
 
+def outbound_broadcast_cancel(*, bot_id: int, broadcast: str, reason: str = "cancelled") -> int:
+    """Cancel every message of a broadcast that is still waiting (pending or retry), in
+    batches; messages already sent or being sent are left as they are. How many were cancelled."""
+    if not broadcast:
+        raise ValueError("a broadcast key is required")
+    total = 0
+    while True:
+        ids = transitions.cancel_broadcast_batch(bot_id=bot_id, broadcast=broadcast, reason=reason)
+        if not ids:
+            return total
+        total += len(ids)
+        # Broadcasts are unordered and hold no chat up; an ordered one (rare) lets its chat move on.
+        for message in OutboundMessage.objects.filter(pk__in=ids, ordered=True):
+            _kick_chat(message)
+
+
 def outbound_message_resend(message_id: int, *, from_states: list[str]) -> bool:
     """Put a failed or unknown message back in the queue with the same key, and dispatch it."""
     ok = transitions.reset_for_resend(message_id, from_states=from_states)

@@ -479,6 +479,29 @@ def cancel(message_id: int, *, reason: str, error_class: str = "") -> bool:
     return n == 1
 
 
+def cancel_broadcast_batch(*, bot_id: int, broadcast: str, reason: str, batch: int = 5000) -> list[int]:
+    """pending|retry -> cancelled for up to `batch` waiting messages of one broadcast; the ids
+    cancelled. Found through the partial due index (waiting rows only), never a scan of the
+    sent ones; a message already claimed (sending) is left to finish."""
+    ids = list(
+        OutboundMessage.objects.filter(bot_id=bot_id, broadcast=broadcast, state__in=WAITING)
+        .order_by("pk")
+        .values_list("pk", flat=True)[:batch]
+    )
+    if not ids:
+        return []
+    with transaction.atomic():
+        done = list(
+            OutboundMessage.objects.select_for_update()
+            .filter(pk__in=ids, state__in=WAITING)
+            .values_list("pk", flat=True)
+        )
+        OutboundMessage.objects.filter(pk__in=done).update(
+            state=State.CANCELLED, cancel_reason=reason[:2000], last_error_class="", updated_at=timezone.now()
+        )
+    return done
+
+
 def cancel_claimed(message: OutboundMessage, *, worker: str, reason: str, error_class: str = "") -> bool:
     """sending -> cancelled before any request (expired, or vetoed by the relevance check)."""
     n = _owned(message, worker).update(

@@ -313,6 +313,13 @@ DOVECOTE_PAYLOAD_VERSION_RETENTION_DAYS = env.int(
 )
 DOVECOTE_BULK_RETRY_RETENTION_DAYS = env.int("DOVECOTE_BULK_RETRY_RETENTION_DAYS", default=90)
 # The audit log is kept for ever unless this says otherwise.
+# The ops digest (reconciliation/digest.py): a bot (by name) and a chat it sends to, e-mail
+# addresses, extra channels (dotted paths of callables), and the throttle window.
+DOVECOTE_OPS_BOT = env.str("DOVECOTE_OPS_BOT", default="")
+DOVECOTE_OPS_CHAT_ID = env.str("DOVECOTE_OPS_CHAT_ID", default="")
+DOVECOTE_OPS_EMAILS = env.list("DOVECOTE_OPS_EMAILS", default=[])
+DOVECOTE_OPS_NOTIFIERS = env.list("DOVECOTE_OPS_NOTIFIERS", default=[])
+DOVECOTE_OPS_DIGEST_MINUTES = env.int("DOVECOTE_OPS_DIGEST_MINUTES", default=5)
 DOVECOTE_AUDIT_RETENTION_DAYS = env.int("DOVECOTE_AUDIT_RETENTION_DAYS", default=0)
 
 # --- REST API ---------------------------------------------------------------------------

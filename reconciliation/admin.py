@@ -31,9 +31,10 @@ from django.utils.text import Truncator
 from bots.admin import BotAdmin, InboundUpdateAdmin
 from bots.models import Bot, InboundUpdate
 from bots.payloads import clip
-from outbox.admin import OutboundMessageAdmin, RedactedFieldsMixin
+from outbox import services as outbox_services
+from outbox.admin import CappedCountPaginator, ConsumerNameFilter, OutboundMessageAdmin, RedactedFieldsMixin
 from outbox.logging import redact
-from outbox.models import DeadLetter, DeadLetterStatus, ErrorClass, OutboundMessage
+from outbox.models import DeadLetter, DeadLetterStatus, ErrorClass, OutboundMessage, State
 from reconciliation import services, triage
 from reconciliation.masking import can_view_payload, for_user, mask
 from reconciliation.models import AuditEntry, BulkRetry, CaseStatus, PayloadVersion, ReconciliationCase
@@ -43,6 +44,8 @@ RETRY_PERMISSION = "reconciliation.retry_deadletter"
 RESOLVE_PERMISSION = "reconciliation.resolve_deadletter"
 DECIDE_PERMISSION = "reconciliation.decide_case"
 PAUSE_PERMISSION = "reconciliation.pause_circuit"
+CANCEL_PERMISSION = "reconciliation.cancel_message"
+WAITING_STATES = (State.PENDING, State.RETRY)
 CONFIRM_TEMPLATE = "reconciliation/admin/confirm.html"
 
 
@@ -175,16 +178,8 @@ class AgeBucketFilter(admin.SimpleListFilter):
         return queryset
 
 
-class ConsumerFilter(admin.SimpleListFilter):
-    title = "consumer"
-    parameter_name = "consumer"
-
-    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
-        names = DeadLetter.objects.exclude(consumer="").values_list("consumer", flat=True).distinct().order_by()
-        return [(n, n) for n in sorted(names)]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet | None:
-        return queryset.filter(consumer=self.value()) if self.value() else None
+# The registry's consumer names, not a SELECT DISTINCT over the dead letters.
+ConsumerFilter = ConsumerNameFilter
 
 
 class KindFilter(admin.SimpleListFilter):
@@ -314,6 +309,8 @@ class TriageDeadLetterAdmin(RedactedFieldsMixin, admin.ModelAdmin):
     search_fields = ["=chat_id", "=trace_id", "=idempotency_key"]
     list_select_related = ["bot", "owner"]
     ordering = ["-created_at", "-id"]
+    show_full_result_count = False
+    paginator = CappedCountPaginator
     actions = ["bulk_retry_action", "export_csv"]
     change_list_template = "reconciliation/admin/deadletter_change_list.html"
     change_form_template = "reconciliation/admin/deadletter_change_form.html"
@@ -616,7 +613,108 @@ class TriageDeadLetterAdmin(RedactedFieldsMixin, admin.ModelAdmin):
 
 
 class MaskedOutboundMessageAdmin(OutboundMessageAdmin):
-    """Payload read-only (corrections go through edit-and-retry) and masked without permission."""
+    """Payload read-only (corrections go through edit-and-retry) and masked without permission.
+    Cancel (this message) and Cancel broadcast (every waiting message with its broadcast key)."""
+
+    change_form_template = "reconciliation/admin/outboundmessage_change_form.html"
+
+    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None) -> Any:
+        message = OutboundMessage.objects.filter(pk=object_id).only("state", "broadcast").first()
+        may = message is not None and request.user.has_perm(CANCEL_PERMISSION)
+        extra = {
+            "can_cancel": may and message.state in WAITING_STATES,
+            "can_cancel_broadcast": may and bool(message.broadcast),
+        }
+        return super().change_view(request, object_id, form_url, {**(extra_context or {}), **extra})
+
+    def get_urls(self) -> list:
+        view = self.admin_site.admin_view
+        return [
+            path("<int:pk>/cancel/", view(self.cancel_view), name="outbox_outboundmessage_cancel"),
+            path(
+                "<int:pk>/cancel-broadcast/",
+                view(self.cancel_broadcast_view),
+                name="outbox_outboundmessage_cancel_broadcast",
+            ),
+            *super().get_urls(),
+        ]
+
+    def _message(self, request: HttpRequest, pk: int) -> OutboundMessage:
+        message = get_object_or_404(OutboundMessage.objects.select_related("bot"), pk=pk)
+        if not (self.has_view_permission(request, message) and request.user.has_perm(CANCEL_PERMISSION)):
+            raise PermissionDenied
+        return message
+
+    def _back(self, message: OutboundMessage) -> HttpResponseRedirect:
+        return HttpResponseRedirect(reverse("admin:outbox_outboundmessage_change", args=[message.pk]))
+
+    def cancel_view(self, request: HttpRequest, pk: int) -> HttpResponse:
+        message = self._message(request, pk)
+        form = ReasonForm(request.POST or None)
+        if request.method == "POST" and form.is_valid():
+            reason = form.cleaned_data["reason"]
+            ok = outbox_services.outbound_message_cancel(message.pk, reason=f"cancelled by {request.user}: {reason}")
+            outcome = "cancelled" if ok else "not waiting any more; nothing changed"
+            services.audit_record(
+                actor=request.user,
+                action="message.cancel",
+                target=f"outbox.OutboundMessage:{message.pk}",
+                reason=reason,
+                outcome=outcome,
+            )
+            if ok:
+                self.log_change(request, message, f"cancelled: {reason}")
+                messages.success(request, f"Message {message.pk} cancelled.")
+            else:
+                messages.warning(request, f"Message {message.pk} is not waiting any more; nothing changed.")
+            return self._back(message)
+        return confirm_page(
+            request,
+            self,
+            title=f"Cancel message {message.pk}",
+            form=form,
+            obj=message,
+            intro=f"{message.method} to chat {message.chat_id}, {message.get_state_display()}: it will not be sent. "
+            "A message already being sent cannot be cancelled.",
+            submit="Cancel the message",
+            danger=True,
+        )
+
+    def cancel_broadcast_view(self, request: HttpRequest, pk: int) -> HttpResponse:
+        message = self._message(request, pk)
+        if not message.broadcast:
+            raise PermissionDenied
+        waiting = OutboundMessage.objects.filter(
+            bot_id=message.bot_id, broadcast=message.broadcast, state__in=WAITING_STATES
+        )
+        form = ReasonForm(request.POST or None)
+        if request.method == "POST" and form.is_valid():
+            reason = form.cleaned_data["reason"]
+            n = outbox_services.outbound_broadcast_cancel(
+                bot_id=message.bot_id, broadcast=message.broadcast, reason=f"cancelled by {request.user}: {reason}"
+            )
+            services.audit_record(
+                actor=request.user,
+                action="broadcast.cancel",
+                target=f"outbox.broadcast:{message.bot_id}:{message.broadcast}",
+                reason=reason,
+                outcome=f"{n} waiting messages cancelled",
+                details={"bot": message.bot_id, "broadcast": message.broadcast, "cancelled": n},
+            )
+            self.log_change(request, message, f"broadcast {message.broadcast} cancelled ({n} messages): {reason}")
+            messages.success(request, f"Broadcast {message.broadcast}: {n} waiting messages cancelled.")
+            return self._back(message)
+        return confirm_page(
+            request,
+            self,
+            title=f"Cancel broadcast {message.broadcast}",
+            form=form,
+            obj=message,
+            intro=f"{waiting.count()} messages of bot {message.bot} in this broadcast are still waiting: none of them "
+            "will be sent. Messages already sent or being sent stay as they are.",
+            submit="Cancel the broadcast",
+            danger=True,
+        )
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         fields = [f for f in super().get_fields(request, obj) if f != "payload"]

@@ -37,6 +37,8 @@ class ReconciliationCase(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+        # The ops digest counts cases opened since its last run.
+        indexes = [models.Index(fields=["created_at"], name="case_created_idx")]
 
     def __str__(self) -> str:
         return f"case {self.pk} ({self.idempotency_key}) [{self.status}]"
@@ -76,6 +78,7 @@ class TriagePermissions(models.Model):
             ("view_payload", "Can view full payloads and personal fields"),
             ("pause_circuit", "Can pause and resume bots and consumers"),
             ("view_dashboard", "Can view the operations dashboard"),
+            ("cancel_message", "Can cancel waiting outbound messages and broadcasts"),
         ]
 
     def __str__(self) -> str:

@@ -334,9 +334,9 @@ def _publish_upcoming(now: datetime, report: dict[str, int]) -> None:
     are parked in their rows; each sweep publishes those that fall due before the next
     sweep with their exact countdown, so they go on time rather than a redispatch grace
     late. The task starts with a claim: one that finds the row moved on does nothing."""
-    for pk, due, broadcast in messages_upcoming_qs(now).order_by("next_attempt_at").values_list(
-        "pk", "next_attempt_at", "broadcast"
-    )[:BATCH]:
+    for pk, due, broadcast in (
+        messages_upcoming_qs(now).order_by("next_attempt_at").values_list("pk", "next_attempt_at", "broadcast")[:BATCH]
+    ):
         countdown = max(0.0, (due - now).total_seconds())
         if outbox_services.dispatch(pk, countdown=countdown, bulk=bool(broadcast)):
             report["messages_published_ahead"] += 1
@@ -392,6 +392,18 @@ def _resume_bulk_retries(now: datetime, report: dict[str, int]) -> None:
             report["bulk_retries_resumed"] += 1
 
 
+def _ops_digest(now: datetime, report: dict[str, int]) -> None:
+    """The ops digest rides on the sweep: every sweep may send it, each kind at most once per
+    window (reconciliation/digest.py); no beat task of its own to schedule and watch."""
+    from reconciliation import digest
+
+    try:
+        report["ops_digests"] = len(digest.flush(now))
+    except Exception:
+        # Redis down, a query failing: the digest waits; the sweep and its record go on.
+        logger.exception("ops digest skipped this sweep")
+
+
 STEPS = (
     _recover_inbox,
     _recover_runs,
@@ -400,6 +412,7 @@ STEPS = (
     _publish_upcoming,
     _resume_bulk_retries,
     _retention,
+    _ops_digest,
 )
 
 

@@ -90,6 +90,7 @@ def ensure_groups() -> None:
 
     if Group.objects.filter(name__in=["Operator", "Developer"]).count() < 2:
         importlib.import_module("reconciliation.migrations.0004_operator_groups").create_groups(apps, None)
+        importlib.import_module("reconciliation.migrations.0006_cancel_message_permission").grant(apps, None)
 
 
 def persona(name: str, group: str | None = None, *, superuser: bool = False) -> User:
