@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('reconciliation', '0005_bulk_retry_ticked_at'),
+        ("reconciliation", "0007_digest_created_indexes"),
     ]
 
     operations = [
