@@ -29,3 +29,15 @@ def on_starting(server: object) -> None:
     from project.failclosed import load_settings_or_exit
 
     load_settings_or_exit()
+    # Multiprocess metrics (PROMETHEUS_MULTIPROC_DIR): files left by an earlier run would be
+    # summed into this one's counters.
+    from outbox.metrics import clean_multiproc_dir
+
+    clean_multiproc_dir()
+
+
+def child_exit(server: object, worker: object) -> None:
+    """A worker exited: its live-gauge files go; its counters stay in the sum."""
+    from outbox.metrics import mark_process_dead
+
+    mark_process_dead(worker.pid)  # type: ignore[attr-defined]
