@@ -39,6 +39,11 @@ RETRIES = Counter(
 DEAD_LETTERS = Counter(
     "dovecote_dead_letters", "Dead letters written (final failures), by kind and reason", ["kind", "reason"]
 )
+# Known from the start, so the first dead letter of a kind is an increase from 0 that
+# increase() sees (a series born at 1 would not alert).
+for _kind in ("message", "consumer_run"):
+    for _reason in ("permanent", "exhausted", "expired"):
+        DEAD_LETTERS.labels(kind=_kind, reason=_reason)
 CASES_OPENED = Counter("dovecote_reconciliation_cases_opened", "Reconciliation cases opened, by kind", ["kind"])
 
 WEBHOOK_SECONDS = Histogram(
