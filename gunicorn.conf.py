@@ -30,10 +30,13 @@ def on_starting(server: object) -> None:
 
     load_settings_or_exit()
     # Multiprocess metrics (PROMETHEUS_MULTIPROC_DIR): files left by an earlier run would be
-    # summed into this one's counters.
-    from outbox.metrics import clean_multiproc_dir
-
-    clean_multiproc_dir()
+    # summed into this one's counters. Before anything imports prometheus_client here.
+    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if path:
+        os.makedirs(path, exist_ok=True)
+        for name in os.listdir(path):
+            if name.endswith(".db"):
+                os.remove(os.path.join(path, name))
 
 
 def child_exit(server: object, worker: object) -> None:

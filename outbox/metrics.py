@@ -18,6 +18,10 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, multiprocess
 
+if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    # A Celery worker may start before the web master has made it.
+    os.makedirs(os.environ["PROMETHEUS_MULTIPROC_DIR"], exist_ok=True)
+
 UPDATES = Counter(
     "dovecote_updates_received",
     "Webhook requests by outcome: stored, duplicate, refused (4xx), unavailable (503)",
@@ -64,6 +68,20 @@ REPLY_SECONDS = Histogram(
 )
 
 
+_SEND_SERIES_STARTED: set[tuple[str, str]] = set()
+
+
+def count_send(bot: str, method: str, outcome: str) -> None:
+    """One Bot API request. The first of a bot and method in this process also starts its
+    `ok` and `transient` series at 0, so the first errors of an outage are an increase that
+    rate() sees (a series born at 3 counts as no increase)."""
+    if (bot, method) not in _SEND_SERIES_STARTED:
+        _SEND_SERIES_STARTED.add((bot, method))
+        for started in ("ok", "transient"):
+            SENDS.labels(bot=bot, method=method, outcome=started)
+    SENDS.labels(bot=bot, method=method, outcome=outcome).inc()
+
+
 def observe_replies(message_ids: Iterable[int]) -> None:
     """Update received -> reply sent, for the just-sent messages that answer an update (one
     query for the batch)."""
@@ -99,14 +117,3 @@ def mark_process_dead(pid: int) -> None:
     """A gunicorn worker or Celery child exited: drop its live-gauge files (counters stay)."""
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         multiprocess.mark_process_dead(pid)
-
-
-def clean_multiproc_dir() -> None:
-    """At the web master's start: stale files of an earlier run would count twice."""
-    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
-    if not path:
-        return
-    os.makedirs(path, exist_ok=True)
-    for name in os.listdir(path):
-        if name.endswith(".db"):
-            os.remove(os.path.join(path, name))

@@ -177,7 +177,7 @@ async def _call(
     started = time.monotonic()
     outcome = await _classified_call(token, base_url, method, params, timeout)
     metrics.BOT_API_SECONDS.labels(method=method).observe(time.monotonic() - started)
-    metrics.SENDS.labels(bot=bot_name, method=method, outcome="ok" if outcome.ok else outcome.error_class).inc()
+    metrics.count_send(bot_name, method, "ok" if outcome.ok else outcome.error_class)
     return outcome
 
 
