@@ -5,7 +5,8 @@
 Creates its own PostgreSQL database (dovecote_bench_metrics, dropped at the end), makes
 `--bots` bots and fills the outbox with `--rows` messages spread over them by INSERT ...
 SELECT generate_series: 1% waiting (pending, retry, sending), 0.2% failed with an open dead
-letter each, the rest sent (one attempt each, as a real history has). Then it scrapes
+letter each, the rest sent (one attempt each, as a real history has), over the last 90 days
+(the default retention; --days to change). Then it scrapes
 /metrics (Django's test client, with the bearer token) `--scrapes` times and prints the
 number of SQL queries of one scrape and the median / p95 / max time; then the same for the
 admin dashboard's numbers (reconciliation.dashboard.dashboard_numbers, overall and per bot).
@@ -52,6 +53,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--bots", type=int, default=10)
     parser.add_argument("--scrapes", type=int, default=30)
+    parser.add_argument("--days", type=float, default=90, help="days the history spans")
     args = parser.parse_args()
     admin_sql(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
     admin_sql(f"CREATE DATABASE {DB_NAME}")
@@ -64,7 +66,7 @@ def main() -> None:
         admin_sql(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
 
 
-def fill(n: int, bots: int) -> None:
+def fill(n: int, bots: int, days: float) -> None:
     from django.db import connection
     from django.utils import timezone
 
@@ -86,7 +88,8 @@ def fill(n: int, bots: int) -> None:
     )
     m, a, d = OutboundMessage._meta.db_table, Attempt._meta.db_table, DeadLetter._meta.db_table
     columns = [f.column for f in OutboundMessage._meta.concrete_fields if not f.primary_key]
-    when = "now() - ((%(n)s - g) || ' seconds')::interval / 10"
+    # Spread evenly over the last 90 days (the default retention), oldest first by id.
+    when = "now() - interval '1 day' * %(days)s * (%(n)s - g) / %(n)s"
     # g % 1000: 0-3 pending, 4-6 retry, 7-9 sending, 10-11 failed, the rest sent.
     state = (
         "CASE WHEN g %% 1000 < 4 THEN 'pending' WHEN g %% 1000 < 7 THEN 'retry' WHEN g %% 1000 < 10 THEN 'sending'"
@@ -111,7 +114,7 @@ def fill(n: int, bots: int) -> None:
         cursor.execute(
             f"INSERT INTO {m} ({', '.join(columns)}) SELECT {select} FROM {m}, generate_series(1, %(n)s) AS g "
             f"WHERE {m}.id = %(template)s",
-            {"n": n, "template": template.pk},
+            {"n": n, "days": days, "template": template.pk},
         )
         cursor.execute(f"DELETE FROM {m} WHERE id = %s", [template.pk])
         cursor.execute(
@@ -126,7 +129,8 @@ def fill(n: int, bots: int) -> None:
         )
         for table in (m, a, d):
             cursor.execute(f"VACUUM ANALYZE {table}")
-    print(f"filled {n:,} messages over {bots} bots (+ attempts, dead letters) in {time.perf_counter() - started:.1f}s")
+    elapsed = time.perf_counter() - started
+    print(f"filled {n:,} messages over {bots} bots and {days:g} days (+ attempts, dead letters) in {elapsed:.1f}s")
 
 
 def timed(label: str, fn, repeat: int) -> None:
@@ -161,7 +165,7 @@ def run(args: argparse.Namespace) -> None:
     from reconciliation.dashboard import dashboard_numbers
 
     call_command("migrate", verbosity=0)
-    fill(args.rows, args.bots)
+    fill(args.rows, args.bots, args.days)
     client = Client()
 
     def scrape() -> None:

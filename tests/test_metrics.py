@@ -139,3 +139,24 @@ def test_a_scrape_costs_seven_queries_whatever_the_number_of_bots(bot, sandbox) 
     assert f'dovecote_bot_outbox_items{{bot="{bot.name}",state="pending"}} 1.0' in text
     assert 'dovecote_outbox_items{state="pending"} 10.0' in text
     assert 'dovecote_dead_letters_open_by_reason{reason="permanent"} 1.0' in text
+
+
+def test_the_grafana_dashboard_is_importable_and_charts_only_exported_metrics(bot, sandbox) -> None:
+    import json
+    import re
+    from pathlib import Path
+
+    failed_by_sandbox(sandbox, bot)
+    _, text = _scrape()
+    exported = {re.sub(r"_total$", "", line.split()[2]) for line in text.splitlines() if line.startswith("# TYPE")}
+    dashboard = json.loads((Path(__file__).resolve().parent.parent / "deploy/grafana/dovecote.json").read_text())
+
+    assert dashboard["__inputs"][0]["type"] == "datasource"
+    assert all(p["datasource"]["uid"] == "${DS_PROMETHEUS}" for p in dashboard["panels"])
+    used = {
+        re.sub(r"_(bucket|total)$", "", name)
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"dovecote_\w+", target["expr"])
+    }
+    assert used - exported == set()
