@@ -90,6 +90,7 @@ def test_a_502_outage_fires_the_provider_error_alert_in_a_real_prometheus(
     # A healthy send first: its series exist before the outage, so rate() sees the errors.
     first, _ = outbound_message_enqueue(bot_id=bot.pk, chat_id=1, payload={"text": "ok"}, idempotency_key="ok")
     wait_until(lambda: OutboundMessage.objects.get(pk=first.pk).state == State.SENT, timeout=20)
+
     def transient_at_zero_in_prometheus() -> bool:
         query = f'dovecote_sends_total{{bot="{bot.name}",outcome="transient"}}'
         result = httpx.get(f"{prom_url}/api/v1/query", params={"query": query}, timeout=2).json()["data"]["result"]
