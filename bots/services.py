@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from bots import registry, transitions
 from bots.models import Bot, ConsumerRun, InboundUpdate, UpdateState
-from outbox import circuits
+from outbox import circuits, metrics
 from outbox.logging import current_trace_id
 from outbox.models import Circuit, CircuitState, DeadLetter
 from outbox.publishing import publish
@@ -157,7 +157,19 @@ def _consumer_scope(name: str) -> str:
 
 def consumer_run_execute(run_pk: int) -> str:
     """Run one consumer on one update. Safe to call any number of times: it starts with a
-    claim, and what the consumer does goes through stable keys."""
+    claim, and what the consumer does goes through stable keys. Counted by its outcome."""
+    consumer = "unknown"
+
+    def named(name: str) -> None:
+        nonlocal consumer
+        consumer = name
+
+    outcome = _consumer_run_execute(run_pk, named)
+    metrics.CONSUMER_RUNS.labels(consumer=consumer, outcome=outcome).inc()
+    return outcome
+
+
+def _consumer_run_execute(run_pk: int, named: Callable[[str], None]) -> str:
     run = ConsumerRun.objects.select_related("update", "update__bot").filter(pk=run_pk).first()
     if run is None or run.state not in transitions.RUN_WAITING:
         return "not-waiting"
@@ -166,6 +178,7 @@ def consumer_run_execute(run_pk: int) -> str:
     if spec is None:
         transitions.cancel_run(run.pk, reason=f"no consumer named {run.consumer!r} is registered")
         return "unknown-consumer"
+    named(spec.name)
     now = timezone.now()
     if run.next_attempt_at > now:
         # Delivered early (a broker countdown is not exact): come back when due.
@@ -276,6 +289,7 @@ def _dead_letter_run(run: ConsumerRun, transition: Callable[[], bool], *, error:
             chat_id=run.update.chat_id,
             idempotency_key=f"upd:{run.update.update_id}:{run.consumer}",
         )
+    metrics.DEAD_LETTERS.labels(kind="consumer_run", reason=error_class).inc()
     return True
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import time
 
 from django.conf import settings
 from django.db import DatabaseError, DataError, transaction
@@ -14,6 +15,7 @@ from django.views.decorators.csrf import csrf_exempt
 from bots.models import Bot
 from bots.payloads import MAX_JSON_DEPTH, json_depth
 from bots.services import inbox_update_store, new_trace_id
+from outbox import metrics
 from outbox.logging import current_trace_id
 
 logger = logging.getLogger(__name__)
@@ -28,10 +30,19 @@ def telegram_webhook(request: HttpRequest, name: str) -> JsonResponse:
     # The trace id lives for this request only: a server thread's next request must not
     # log under it.
     token = current_trace_id.set("")
+    started = time.monotonic()
     try:
-        return _receive(request, name)
+        response = _receive(request, name)
     finally:
         current_trace_id.reset(token)
+    metrics.WEBHOOK_SECONDS.observe(time.monotonic() - started)
+    if response.status_code == 200:
+        outcome = "stored" if getattr(request, "dovecote_stored", False) else "duplicate"
+    else:
+        outcome = "unavailable" if response.status_code >= 500 else "refused"
+    # Only a known bot's name is a label: a scanner's made-up names must not make new series.
+    metrics.UPDATES.labels(bot=getattr(request, "dovecote_bot", ""), outcome=outcome).inc()
+    return response
 
 
 def _receive(request: HttpRequest, name: str) -> JsonResponse:
@@ -53,6 +64,7 @@ def _receive(request: HttpRequest, name: str) -> JsonResponse:
         bot = Bot.objects.filter(name=name, is_active=True).first()
         if bot is None:
             return _error(404, "unknown or inactive bot")
+        request.dovecote_bot = bot.name  # type: ignore[attr-defined]
         if bot.webhook_secret:
             given = request.headers.get("X-Telegram-Bot-Api-Secret-Token", "")
             if not hmac.compare_digest(given.encode(), bot.webhook_secret.encode()):
@@ -92,6 +104,7 @@ def _receive(request: HttpRequest, name: str) -> JsonResponse:
         # Telegram retries a non-2xx answer; never 200 for an update that is not stored.
         logger.exception("database unavailable; answered 503")
         return _error(503, "storage unavailable, retry later")
+    request.dovecote_stored = created  # type: ignore[attr-defined]
     logger.info(
         "update %s %s",
         update.update_id,

@@ -340,6 +340,7 @@ def _send(
                         base_url=bot.api_base_url,
                         method=message.method,
                         params={"chat_id": message.chat_id, **message.payload},
+                        bot_name=bot.name,
                     )
                     futures[future] = message
                     pending.add(future)

@@ -371,6 +371,7 @@ def outbound_message_send(message_id: int, *, slot_reserved: bool = False) -> Se
         base_url=message.bot.api_base_url,
         method=message.method,
         params={"chat_id": message.chat_id, **message.payload},
+        bot_name=message.bot.name,
     )
     failpoint("after_response")
     result = with_outcome_write_retries(

@@ -18,6 +18,7 @@ import logging
 import os
 import re
 import threading
+import time
 import warnings
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ from telegram import error as tg_error
 from telegram.request import HTTPXRequest
 from telegram.warnings import PTBUserWarning
 
+from outbox import metrics
 from outbox.models import ErrorClass
 
 logger = logging.getLogger(__name__)
@@ -168,7 +170,20 @@ async def get_bot(token: str, base_url: str) -> telegram.Bot:
     return await _process_loop.bot(token, api_base_url(base_url))
 
 
-async def _call(token: str, base_url: str, method: str, params: dict[str, Any], timeout: float | None) -> CallOutcome:
+async def _call(
+    token: str, base_url: str, method: str, params: dict[str, Any], timeout: float | None, bot_name: str = ""
+) -> CallOutcome:
+    """One Bot API call; the one place every call of the outbox passes, so it is counted here."""
+    started = time.monotonic()
+    outcome = await _classified_call(token, base_url, method, params, timeout)
+    metrics.BOT_API_SECONDS.labels(method=method).observe(time.monotonic() - started)
+    metrics.count_send(bot_name, method, "ok" if outcome.ok else outcome.error_class)
+    return outcome
+
+
+async def _classified_call(
+    token: str, base_url: str, method: str, params: dict[str, Any], timeout: float | None
+) -> CallOutcome:
     try:
         bot = await get_bot(token, base_url)
     except DisallowedApiHost as exc:
@@ -191,19 +206,29 @@ async def _call(token: str, base_url: str, method: str, params: dict[str, Any], 
 
 
 def call(
-    *, token: str, base_url: str, method: str, params: dict[str, Any], timeout: float | None = None
+    *,
+    token: str,
+    base_url: str,
+    method: str,
+    params: dict[str, Any],
+    timeout: float | None = None,
+    bot_name: str = "",
 ) -> CallOutcome:
     """Make one Bot API call and classify its outcome. Never raises for Telegram errors."""
     try:
-        return run_sync(_call(token, base_url, method, params, timeout))
+        return run_sync(_call(token, base_url, method, params, timeout, bot_name))
     except TimeoutError as exc:
         return outcome_of_lost_wait(exc)
 
 
-def submit(*, token: str, base_url: str, method: str, params: dict[str, Any]) -> concurrent.futures.Future[CallOutcome]:
+def submit(
+    *, token: str, base_url: str, method: str, params: dict[str, Any], bot_name: str = ""
+) -> concurrent.futures.Future[CallOutcome]:
     """Start one Bot API call on the process's loop and return at once: the batched drain
     has several in flight together. The future's result is the classified outcome."""
-    return asyncio.run_coroutine_threadsafe(_call(token, base_url, method, params, None), _process_loop.loop())
+    return asyncio.run_coroutine_threadsafe(
+        _call(token, base_url, method, params, None, bot_name), _process_loop.loop()
+    )
 
 
 def send_timeout() -> float:

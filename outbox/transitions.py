@@ -20,7 +20,7 @@ from django.db.models import F
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
-from outbox import chat_order, selectors
+from outbox import chat_order, metrics, selectors
 from outbox.models import Attempt, DeadLetter, ErrorClass, OutboundMessage, State
 from outbox.signals import message_ambiguous, message_dead_lettered, message_delivered_late
 from outbox.telegram import CallOutcome
@@ -210,6 +210,7 @@ def mark_sent_many(sent: list[tuple[OutboundMessage, Attempt, CallOutcome]], *, 
     for message, _, _ in sent:
         if message.pk in done:
             message.state = State.SENT
+    metrics.observe_replies(done)
     return done
 
 
@@ -284,6 +285,8 @@ def mark_sent(
                 *([message.bot_id, message.chat_id, now, now, message.pk] if kick_chat else []),
             ],
         )
+        if row[0] == 1:
+            metrics.observe_replies([message.pk])
         return Sent(row[0] == 1, row[1])
     with transaction.atomic():
         finish_attempt(attempt, outcome)
@@ -298,6 +301,8 @@ def mark_sent(
             last_error="",
             last_error_class="",
         )
+    if n == 1:
+        metrics.observe_replies([message.pk])
     next_id = selectors.next_open_message_in_chat(bot_id=message.bot_id, chat_id=message.chat_id) if kick_chat else None
     return Sent(n == 1, next_id)
 
@@ -364,6 +369,8 @@ def schedule_retry(
         if attempt is not None:
             finish_attempt(attempt, outcome)
         n = _owned(message, worker).update(**fields)
+    if n == 1:
+        metrics.RETRIES.labels(reason=outcome.error_class or "unknown").inc()
     return n == 1
 
 
@@ -438,6 +445,7 @@ def dead_letter(
         )
         message.state = State.FAILED
         message_dead_lettered.send(sender=OutboundMessage, message=message, dead_letter=letter)
+    metrics.DEAD_LETTERS.labels(kind="message", reason=letter.reason_class).inc()
     return letter
 
 

@@ -3,7 +3,7 @@
 from typing import Any
 
 from celery import Celery
-from celery.signals import task_postrun, task_prerun
+from celery.signals import task_postrun, task_prerun, worker_process_shutdown
 
 from project.failclosed import load_settings_or_exit
 
@@ -25,6 +25,17 @@ def close_old_connections(**kwargs: Any) -> None:
     from django.db import close_old_connections as django_close_old_connections
 
     django_close_old_connections()
+
+
+@worker_process_shutdown.connect(dispatch_uid="project.metrics_process_dead")
+def metrics_process_dead(pid: int | None = None, **kwargs: Any) -> None:
+    """A prefork child exits: with PROMETHEUS_MULTIPROC_DIR its live-gauge files go; its
+    counters stay in the sum that /metrics reads."""
+    import os
+
+    from outbox.metrics import mark_process_dead
+
+    mark_process_dead(pid or os.getpid())
 
 
 def _survive_a_lost_redis_on_restore() -> None:

@@ -6,6 +6,7 @@ from typing import Any
 
 from django.dispatch import receiver
 
+from outbox import metrics
 from outbox.models import Effect, OutboundMessage
 from outbox.signals import effect_ambiguous, message_ambiguous, message_delivered_late
 from reconciliation.models import CaseStatus, Decision, ReconciliationCase
@@ -22,6 +23,7 @@ def open_case(sender: Any, message: OutboundMessage, facts: dict[str, Any], **kw
         known_facts={**facts, "kind": "outbound_message", "method": message.method, "chat_id": message.chat_id},
         policy=message.on_ambiguous,
     )
+    metrics.CASES_OPENED.labels(kind="outbound_message").inc()
 
 
 @receiver(message_delivered_late, sender=OutboundMessage, dispatch_uid="reconciliation.close_case_delivered_late")
@@ -48,3 +50,4 @@ def open_effect_case(sender: Any, effect: Effect, facts: dict[str, Any], **kwarg
         known_facts={**facts, "kind": "effect"},
         policy="hold",
     )
+    metrics.CASES_OPENED.labels(kind="effect").inc()

@@ -79,3 +79,11 @@ if [ ! -x /usr/bin/chromium ]; then
   echo "services: installing Chromium for the browser test"
   apt_install chromium || echo "services: Chromium could not be installed; the browser test will be skipped" >&2
 fi
+
+# The alert rules are checked by promtool, and the monitoring e2e test runs a real Prometheus:
+# both come with Debian's `prometheus` package (without recommends: no node exporter). Its
+# service may start on :9090; the tests run their own on a free port.
+if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
+  echo "services: installing Prometheus (promtool) for the alert rule tests"
+  apt_install --no-install-recommends prometheus || echo "services: Prometheus could not be installed; the alert tests will be skipped" >&2
+fi

@@ -60,9 +60,9 @@ def test_metrics_exports_backlog_in_prometheus_text_format(client: Client, bot) 
     assert response.status_code == 200
     assert response["Content-Type"].startswith("text/plain")
     body = response.content.decode()
-    assert 'dovecote_outbox_items{state="pending"} 1' in body
-    assert "dovecote_dead_letters_open 0" in body
-    assert "dovecote_reconciliation_cases_open 0" in body
+    assert 'dovecote_outbox_items{state="pending"} 1.0' in body
+    assert "dovecote_dead_letters_open 0.0" in body
+    assert "dovecote_reconciliation_cases_open 0.0" in body
 
 
 def test_the_api_docs_and_admin_load_nothing_from_a_cdn(admin_client: Client) -> None:

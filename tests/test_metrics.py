@@ -1,0 +1,162 @@
+"""Prometheus metrics (issue 12): each counter moves for its event, through the real send
+path, PostgreSQL and the sandbox; a scrape costs a fixed number of queries."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+from prometheus_client import REGISTRY
+
+from bots import services as bot_services
+from bots.models import ConsumerRun, InboundUpdate
+from outbox.models import OutboundMessage, State
+from outbox.services import outbound_message_enqueue, outbound_message_send
+from tests.bots.test_webhook import SECRET_HEADER, message_update
+from tests.conftest import make_bot
+from tests.reconciliation.test_cases import lost_answer
+from tests.reconciliation.triage_helpers import failed_by_sandbox
+from tests.support import METRICS_AUTH
+
+pytestmark = pytest.mark.django_db
+
+
+def value(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+class Moves:
+    """The change of one sample across a block."""
+
+    def __init__(self, name: str, **labels: str) -> None:
+        self.name, self.labels = name, labels
+
+    def __enter__(self) -> Moves:
+        self.before = value(self.name, **self.labels)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.by = value(self.name, **self.labels) - self.before
+
+
+def post_update(client: Client, bot, update_id: int):
+    return client.post(
+        bot.webhook_path,
+        data=message_update(update_id, "hi"),
+        content_type="application/json",
+        headers={SECRET_HEADER: bot.webhook_secret},
+    )
+
+
+def test_updates_received_are_counted_by_outcome_and_timed(client: Client, bot_factory) -> None:
+    bot = bot_factory(webhook_secret="s3cret-for-metrics")
+    timed = Moves("dovecote_webhook_duration_seconds_count")
+    with (
+        Moves("dovecote_updates_received_total", bot=bot.name, outcome="stored") as stored,
+        Moves("dovecote_updates_received_total", bot=bot.name, outcome="duplicate") as duplicate,
+        Moves("dovecote_updates_received_total", bot=bot.name, outcome="refused") as refused,
+        Moves("dovecote_updates_received_total", bot="", outcome="refused") as unknown_bot,
+        timed,
+    ):
+        assert post_update(client, bot, 1).status_code == 200
+        assert post_update(client, bot, 1).status_code == 200
+        assert client.post(bot.webhook_path, data="{}", content_type="application/json").status_code == 403
+        assert client.post("/webhooks/telegram/nobody/", data="{}", content_type="application/json").status_code == 404
+
+    assert (stored.by, duplicate.by, refused.by, unknown_bot.by) == (1, 1, 1, 1)
+    assert timed.by == 4
+
+
+def test_a_consumer_run_is_counted_and_its_reply_counts_a_send_and_the_reply_latency(
+    client: Client, bot_factory, sandbox
+) -> None:
+    bot = bot_factory(webhook_secret="s3cret-for-metrics")
+    post_update(client, bot, 7)
+    update = InboundUpdate.objects.get(bot=bot, update_id=7)
+    bot_services.inbox_update_route(update.pk)
+    run = ConsumerRun.objects.get(update=update, consumer="auto_reply")
+
+    with Moves("dovecote_consumer_runs_total", consumer="auto_reply", outcome="done") as runs:
+        assert bot_services.consumer_run_execute(run.pk) == "done"
+    reply = OutboundMessage.objects.get(source_update=update)
+    with (
+        Moves("dovecote_sends_total", bot=bot.name, method="sendMessage", outcome="ok") as sends,
+        Moves("dovecote_bot_api_request_duration_seconds_count", method="sendMessage") as timed,
+        Moves("dovecote_reply_latency_seconds_count") as latency,
+    ):
+        assert outbound_message_send(reply.pk).status == "sent"
+
+    assert (runs.by, sends.by, timed.by, latency.by) == (1, 1, 1, 1)
+
+
+def test_a_temporary_provider_error_counts_a_transient_send_and_a_retry(bot, sandbox) -> None:
+    message, _ = outbound_message_enqueue(bot_id=bot.pk, chat_id=5, payload={"text": "x"}, idempotency_key="t1")
+    sandbox.fault("5xx", count=1)
+    with (
+        Moves("dovecote_sends_total", bot=bot.name, method="sendMessage", outcome="transient") as transient,
+        Moves("dovecote_send_retries_total", reason="transient") as retries,
+    ):
+        outbound_message_send(message.pk)
+
+    message.refresh_from_db()
+    assert message.state == State.RETRY
+    assert (transient.by, retries.by) == (1, 1)
+
+
+def test_a_final_failure_counts_a_dead_letter_by_reason(bot, sandbox) -> None:
+    with Moves("dovecote_dead_letters_total", kind="message", reason="permanent") as letters:
+        failed_by_sandbox(sandbox, bot)
+    assert letters.by == 1
+
+
+def test_a_lost_answer_counts_an_ambiguous_send_and_an_opened_case(bot, sandbox) -> None:
+    with (
+        Moves("dovecote_reconciliation_cases_opened_total", kind="outbound_message") as cases,
+        Moves("dovecote_sends_total", bot=bot.name, method="sendMessage", outcome="ambiguous") as ambiguous,
+    ):
+        lost_answer(bot, sandbox)
+    assert (cases.by, ambiguous.by) == (1, 1)
+
+
+def _scrape() -> tuple[int, str]:
+    with CaptureQueriesContext(connection) as queries:
+        response = Client().get("/metrics", headers=METRICS_AUTH)
+    assert response.status_code == 200
+    return len(queries), response.content.decode()
+
+
+def test_a_scrape_costs_seven_queries_whatever_the_number_of_bots(bot, sandbox) -> None:
+    failed_by_sandbox(sandbox, bot)
+    outbound_message_enqueue(bot_id=bot.pk, chat_id=9, payload={"text": "x"}, idempotency_key="w1")
+    with_one_bot, _ = _scrape()
+    for _ in range(9):
+        other = make_bot(bot.api_base_url)
+        outbound_message_enqueue(bot_id=other.pk, chat_id=9, payload={"text": "x"}, idempotency_key="w1")
+    with_ten_bots, text = _scrape()
+
+    assert with_one_bot == with_ten_bots == 7
+    assert f'dovecote_bot_outbox_items{{bot="{bot.name}",state="pending"}} 1.0' in text
+    assert 'dovecote_outbox_items{state="pending"} 10.0' in text
+    assert 'dovecote_dead_letters_open_by_reason{reason="permanent"} 1.0' in text
+
+
+def test_the_grafana_dashboard_is_importable_and_charts_only_exported_metrics(bot, sandbox) -> None:
+    import json
+    import re
+    from pathlib import Path
+
+    failed_by_sandbox(sandbox, bot)
+    _, text = _scrape()
+    exported = {re.sub(r"_total$", "", line.split()[2]) for line in text.splitlines() if line.startswith("# TYPE")}
+    dashboard = json.loads((Path(__file__).resolve().parent.parent / "deploy/grafana/dovecote.json").read_text())
+
+    assert dashboard["__inputs"][0]["type"] == "datasource"
+    assert all(p["datasource"]["uid"] == "${DS_PROMETHEUS}" for p in dashboard["panels"])
+    used = {
+        re.sub(r"_(bucket|total)$", "", name)
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"dovecote_\w+", target["expr"])
+    }
+    assert used - exported == set()
