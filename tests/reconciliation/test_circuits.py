@@ -48,7 +48,7 @@ def test_a_revoked_token_opens_the_circuit_once_and_keeps_the_queue(bot, sandbox
 def test_the_metrics_show_an_open_circuit(bot, client) -> None:
     circuits.open_for_auth(f"bot:{bot.pk}", reason="Unauthorized")
     body = client.get("/metrics", headers=METRICS_AUTH).content.decode()
-    assert f'dovecote_circuit_open{{scope="bot:{bot.pk}",state="open"}} 1' in body
+    assert f'dovecote_circuit_open{{scope="bot {bot.name}",state="open"}} 1' in body
 
 
 @pytest.mark.django_db(transaction=True)
