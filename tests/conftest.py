@@ -169,6 +169,12 @@ def _point_celery_at(url: str, transport_options: dict, default_queue: str) -> N
         app._pool.force_close_all()
         app._pool = None
     app.__dict__.pop("amqp", None)  # its queues, router and producer pool were built for the old one
+    # kombu keeps producer and connection pools in process-wide registries: drop them too, or
+    # the next publish takes a producer from a pool closed above ("Acquire on closed pool").
+    from kombu import pools
+
+    pools.reset()
+    publishing.reset()
 
 
 @pytest.fixture
