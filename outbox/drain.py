@@ -30,6 +30,8 @@ import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+import limits.errors
+import redis
 from django.conf import settings
 from django.db import connection
 from django.utils import timezone
@@ -265,6 +267,15 @@ def _take_slots(
     The drain takes the bot's slots within SLOT_HORIZON_SECONDS, all at once; `_send` sends
     each message at its slot. A message without a slot goes back to waiting, still due, for
     the drain's next batch."""
+    try:
+        return _slots_from_limiter(bot, messages, worker=worker, report=report)
+    except LIMITER_ERRORS as exc:
+        return [], _limiter_unreachable(messages, worker=worker, report=report, exc=exc)
+
+
+def _slots_from_limiter(
+    bot, messages: list[OutboundMessage], *, worker: str, report: DrainReport
+) -> tuple[list[tuple[OutboundMessage, float]], float | None]:
     if not settings.DOVECOTE_RATE_LIMITS_ENABLED:
         # Only a 429's pause applies: one look for the whole batch.
         paused = ratelimit.bot_paused_for(bot.pk)
@@ -286,6 +297,20 @@ def _take_slots(
     if delays and delays[-1] > ratelimit.SLOT_TOLERANCE_SECONDS:
         return go, time.monotonic() + delays[-1]
     return go, None
+
+
+# Redis holds the limiter: when it does not answer, no message may go (the limit could not be
+# kept), and none may be left claimed (it would wait out its lease): all go back to waiting.
+LIMITER_ERRORS = (redis.RedisError, limits.errors.StorageError)
+LIMITER_RETRY_SECONDS = 1.0
+
+
+def _limiter_unreachable(
+    messages: list[OutboundMessage], *, worker: str, report: DrainReport, exc: BaseException
+) -> float | None:
+    logger.warning("rate limiter unreachable (%s): %d message(s) go back to waiting", exc, len(messages))
+    longest = _hold([(m, ratelimit.Wait(LIMITER_RETRY_SECONDS)) for m in messages], worker=worker, report=report)
+    return None if longest is None else time.monotonic() + longest
 
 
 def _hold(waits: list[tuple[OutboundMessage, ratelimit.Wait]], *, worker: str, report: DrainReport) -> float | None:
@@ -387,13 +412,19 @@ def _window(
         return messages, held
     go: list[OutboundMessage] = []
     waits: list[tuple[OutboundMessage, ratelimit.Wait]] = []
-    for message in messages:
-        wait = ratelimit.acquire(
-            bot_id=bot.pk,
-            bot_rate=bot.rate_limit,
-            chat_id=services.limited_chat_id(message),
-            slot_reserved=True,
-        )
+    for n, message in enumerate(messages):
+        try:
+            wait = ratelimit.acquire(
+                bot_id=bot.pk,
+                bot_rate=bot.rate_limit,
+                chat_id=services.limited_chat_id(message),
+                slot_reserved=True,
+            )
+        except LIMITER_ERRORS as exc:
+            # This one and the rest of the slot wait; those already out are recorded as usual.
+            logger.warning("rate limiter unreachable (%s): %d message(s) go back to waiting", exc, len(messages) - n)
+            waits += [(m, ratelimit.Wait(LIMITER_RETRY_SECONDS)) for m in messages[n:]]
+            break
         if wait.seconds > 0:
             waits.append((message, wait))
         else:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from itertools import count
 from typing import Any
 
+from django.test import override_settings
 from django.utils import timezone
 
-from outbox import services
+from outbox import ratelimit, services
 from outbox.models import OutboundMessage, State
 
 _keys = count(1)
@@ -57,3 +60,24 @@ def api_client(name: str, *bots: Any, payload_access: bool = True) -> Any:
     client.credentials(HTTP_AUTHORIZATION=f"Token {token}")
     client.user = client_row.user
     return client
+
+
+@contextmanager
+def limiter_redis_at(url: str) -> Iterator[None]:
+    """Point this process's rate limiter and outbox keys at another Redis (its clients are
+    cached per process), and back at the real one afterwards."""
+    caches = (
+        ratelimit._storage,
+        ratelimit._limiter,
+        ratelimit.redis_client,
+        ratelimit._reserve_script,
+        ratelimit._reserve_many_script,
+    )
+    try:
+        with override_settings(REDIS_URL=url):
+            for cached in caches:
+                cached.cache_clear()
+            yield
+    finally:
+        for cached in caches:
+            cached.cache_clear()

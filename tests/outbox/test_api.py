@@ -3,19 +3,16 @@ status, cancel, broadcasts and the OpenAPI schema."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import pytest
 from django.conf import settings
 from django.test import override_settings
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from outbox import idempotency, ratelimit, services
+from outbox import idempotency, services
 from outbox.models import IdempotencyRecord, OutboundMessage, State
 from reconciliation.sweeper import sweep
-from tests.outbox.helpers import api_client, drive
+from tests.outbox.helpers import api_client, drive, limiter_redis_at
 from tests.support import free_port, queued
 
 pytestmark = pytest.mark.django_db
@@ -222,27 +219,6 @@ def test_a_broadcast_needs_a_key_and_valid_chats(alice, bot) -> None:
     empty = alice.post("/api/v1/broadcasts/", {**body, "chat_ids": []}, format="json", HTTP_IDEMPOTENCY_KEY="b")
     assert empty.status_code == 400
     assert "chat_ids" in empty.json()
-
-
-@contextmanager
-def limiter_redis_at(url: str) -> Iterator[None]:
-    """Point this process's rate limiter and outbox keys at another Redis (its clients are
-    cached per process), and back at the real one afterwards."""
-    caches = (
-        ratelimit._storage,
-        ratelimit._limiter,
-        ratelimit.redis_client,
-        ratelimit._reserve_script,
-        ratelimit._reserve_many_script,
-    )
-    try:
-        with override_settings(REDIS_URL=url):
-            for cached in caches:
-                cached.cache_clear()
-            yield
-    finally:
-        for cached in caches:
-            cached.cache_clear()
 
 
 def test_a_broadcast_while_redis_is_down_is_stored_201_and_the_sweeper_sends_it_later(alice, bot, sandbox) -> None:

@@ -276,3 +276,20 @@ def test_the_sweeper_wakes_a_new_drain_once_a_lost_ones_wake_up_has_expired(bot,
 
     assert sweep()["messages_redispatched"] == 3
     assert queued_tasks() == ["outbox.drain_bot"]  # one drain for the bot, not a task per message
+
+
+def test_a_drain_whose_rate_limiter_is_unreachable_sends_nothing_and_leaves_nothing_claimed(bot, sandbox) -> None:
+    """Found by the fault schedules (Redis restarted mid-batch): the limiter's error escaped
+    the drain, so claimed messages waited out their lease and answers already in were lost."""
+    from outbox.drain import outbound_messages_drain
+    from tests.outbox.helpers import limiter_redis_at
+    from tests.support import free_port
+
+    messages = [enqueue(bot, chat_id=900 + i, text=f"limiter {i}") for i in range(3)]
+    with limiter_redis_at(f"redis://127.0.0.1:{free_port()}/0"):  # nothing listens there
+        report = outbound_messages_drain(bot.pk)
+
+    rows = OutboundMessage.objects.filter(pk__in=[m.pk for m in messages])
+    assert {(m.state, m.attempts, m.lease_owner) for m in rows} == {(State.PENDING, 0, "")}
+    assert report.deferred == 3
+    assert sandbox.calls(token=bot.token) == []
