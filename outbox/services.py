@@ -511,12 +511,17 @@ def _kick_chat(message: OutboundMessage) -> None:
 
 
 def outbound_message_cancel(message_id: int, *, reason: str = "cancelled") -> bool:
-    """Cancel a message that has not gone out. False when it is sending or already final."""
+    """Cancel a message that has not gone out. False when it is sending or already final.
+
+    The first part of a split text takes its other parts with it (those still waiting):
+    the rest of an answer whose beginning was cancelled must not go out on its own."""
     message = OutboundMessage.objects.filter(pk=message_id).first()
     if message is None:
         return False
     ok = transitions.cancel(message_id, reason=reason)
     if ok:
+        for part_id in selectors.outbound_message_part_ids(message)[1:]:
+            transitions.cancel(part_id, reason=f"{reason} (with the first part of its text)")
         _kick_chat(message)
     return ok
 

@@ -306,3 +306,15 @@ def test_the_api_refuses_a_caption_over_1024_units_with_a_clear_400(alice, bot) 
     assert response.status_code == 400
     assert "Telegram allows 1024" in response.json()["payload"][0]
     assert not OutboundMessage.objects.exists()
+
+
+def test_cancelling_a_long_text_cancels_its_waiting_parts_too(bot) -> None:
+    """Found by the fault schedules: a cancel took the first part only, and the rest of the
+    answer would have gone out on its own."""
+    message, _ = services.outbound_message_enqueue(
+        bot_id=bot.pk, chat_id=4242, payload={"text": LONG}, idempotency_key="answer-cancel"
+    )
+
+    assert services.outbound_message_cancel(message.pk, reason="the user left")
+
+    assert [m.state for m in parts_of(bot)] == [State.CANCELLED] * 3
