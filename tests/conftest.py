@@ -17,7 +17,7 @@ from bots.models import Bot
 from bots.sandbox.client import SandboxClient
 from bots.sandbox.server import SandboxServer
 from outbox import publishing, ratelimit
-from tests.support import Process, base_env, start_web, start_worker
+from tests.support import Process, base_env, point_celery_at, start_web, start_worker
 
 _bot_numbers = itertools.count(1)
 
@@ -159,22 +159,7 @@ RABBITMQ_URL = os.environ.get("DOVECOTE_TEST_AMQP_URL", "amqp://guest:guest@127.
 
 
 def _point_celery_at(url: str, transport_options: dict, default_queue: str) -> None:
-    """Switch this process's Celery app (the test publishes too: enqueues, sweeps) to a broker."""
-    from project.celery import app
-
-    app.conf.broker_url = url
-    app.conf.broker_transport_options = transport_options
-    app.conf.task_default_queue = default_queue
-    if app._pool is not None:
-        app._pool.force_close_all()
-        app._pool = None
-    app.__dict__.pop("amqp", None)  # its queues, router and producer pool were built for the old one
-    # kombu keeps producer and connection pools in process-wide registries: drop them too, or
-    # the next publish takes a producer from a pool closed above ("Acquire on closed pool").
-    from kombu import pools
-
-    pools.reset()
-    publishing.reset()
+    point_celery_at(url, transport_options=transport_options, default_queue=default_queue)
 
 
 @pytest.fixture

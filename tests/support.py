@@ -180,3 +180,26 @@ def queued(queue: str | None = None) -> list[QueuedTask]:
         headers = message["headers"]
         tasks.append(QueuedTask(headers["task"], args, kwargs, headers.get("eta")))
     return tasks
+
+
+def point_celery_at(url: str, *, transport_options: dict | None = None, default_queue: str | None = None) -> None:
+    """Switch this (the test's) process's Celery app to another broker: the test publishes
+    too (enqueues, sweeps). Its connection pool, the producer pool built on it and kombu's
+    process-wide pool registries are dropped, or the next publish takes a producer from a
+    closed pool ("Acquire on closed pool") and every later test's publishes fail."""
+    from kombu import pools
+
+    from outbox import publishing
+    from project.celery import app
+
+    app.conf.broker_url = url
+    if transport_options is not None:
+        app.conf.broker_transport_options = transport_options
+    if default_queue is not None:
+        app.conf.task_default_queue = default_queue
+    if app._pool is not None:
+        app._pool.force_close_all()
+        app._pool = None
+    app.__dict__.pop("amqp", None)  # its queues, router and producer pool were built for the old one
+    pools.reset()
+    publishing.reset()

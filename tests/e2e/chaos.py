@@ -40,7 +40,7 @@ from outbox import publishing, ratelimit
 from outbox.models import Attempt, Circuit, CircuitState, DeadLetter, OnAmbiguous, OutboundMessage, State
 from outbox.services import outbound_message_cancel, outbound_message_enqueue
 from reconciliation.models import CaseStatus, ReconciliationCase
-from tests.support import Process, free_port, start_worker, wait_until
+from tests.support import Process, free_port, point_celery_at, start_worker, wait_until
 
 # Texts over Telegram's 4,096 characters, which the outbox splits into parts (rows).
 LONG_TEXTS = True
@@ -229,16 +229,6 @@ class PrivateRedis:
             self.proc.stop()
 
 
-def _reset_broker_pool() -> None:
-    from project.celery import app
-
-    if app._pool is not None:
-        app._pool.force_close_all()
-    app._pool = None
-    if "amqp" in app.__dict__:
-        app.__dict__["amqp"]._producer_pool = None
-
-
 def _forget_redis_clients() -> None:
     ratelimit._storage.cache_clear()
     ratelimit._limiter.cache_clear()
@@ -257,14 +247,12 @@ def broker_at(url: str) -> Iterator[None]:
 
     previous = app.conf.broker_url
     with override_settings(REDIS_URL=url, CELERY_BROKER_URL=url):
-        _reset_broker_pool()
+        point_celery_at(url)
         _forget_redis_clients()
-        app.conf.broker_url = url
         try:
             yield
         finally:
-            app.conf.broker_url = previous
-            _reset_broker_pool()
+            point_celery_at(previous)
             _forget_redis_clients()
 
 
