@@ -47,6 +47,8 @@ def _max_probe() -> float:
 
 def _probe_lease() -> float:
     return float(getattr(settings, "DOVECOTE_CIRCUIT_PROBE_LEASE_SECONDS", PROBE_LEASE_SECONDS))
+
+
 # After a circuit closes, the sweeper releases this many of its backlog in the first tick
 # and doubles it each tick, until the bot's rate limit caps it.
 RAMP_FIRST_BATCH = 10

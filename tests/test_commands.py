@@ -132,7 +132,9 @@ def test_a_bot_whose_api_host_was_taken_off_the_list_sends_nothing_and_keeps_its
 
     bot = bot_factory()  # its api_base_url is the sandbox on 127.0.0.1
     message, _ = outbound_message_enqueue(bot_id=bot.pk, chat_id=3, payload={"text": "hi"}, idempotency_key="h")
-    with override_settings(DOVECOTE_BOT_API_HOSTS=["api.telegram.org"], TELEGRAM_API_BASE_URL="https://api.telegram.org"):
+    with override_settings(
+        DOVECOTE_BOT_API_HOSTS=["api.telegram.org"], TELEGRAM_API_BASE_URL="https://api.telegram.org"
+    ):
         assert outbound_message_send(message.pk).status == "circuit-opened"
 
     assert sandbox.calls(token=bot.token) == []

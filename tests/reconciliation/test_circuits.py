@@ -164,7 +164,9 @@ def _run_queued_sends() -> None:
     from tests.support import queued
 
     tasks = queued()
-    redis.Redis.from_url(settings.REDIS_URL).delete(f"{settings.DOVECOTE_REDIS_PREFIX}{settings.CELERY_TASK_DEFAULT_QUEUE}")
+    redis.Redis.from_url(settings.REDIS_URL).delete(
+        f"{settings.DOVECOTE_REDIS_PREFIX}{settings.CELERY_TASK_DEFAULT_QUEUE}"
+    )
     for task in tasks:
         if task.name == "outbox.send_outbound_message":
             outbound_message_send(task.args[0])
