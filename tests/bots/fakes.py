@@ -7,7 +7,6 @@ from __future__ import annotations
 import itertools
 import json
 import threading
-import time
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -20,7 +19,7 @@ from django.utils import timezone
 from bots.models import Bot, ConsumerRun, InboundUpdate, RunState
 from bots.services import consumer_run_execute, inbox_update_route, inbox_update_store
 from outbox.models import OutboundMessage, State
-from outbox.services import outbound_message_send
+from tests.outbox.helpers import drive
 
 _update_ids = itertools.count(1000)
 
@@ -183,12 +182,6 @@ def execute(update: InboundUpdate, consumer: str, *, due_now: bool = False) -> s
 
 def deliver(bot: Bot) -> list[str]:
     """Send every waiting outbox message of the bot to the sandbox, oldest first, waiting
-    out the per-chat rate limit (one message a second in a private chat) as a worker would."""
-    results = []
-    for pk in OutboundMessage.objects.filter(bot=bot, state=State.PENDING).order_by("pk").values_list("pk", flat=True):
-        result = outbound_message_send(pk)
-        while result.status in ("rate-limited", "not-due") and result.countdown is not None:
-            time.sleep(min(result.countdown, 2.0))
-            result = outbound_message_send(pk)
-        results.append(result.status)
-    return results
+    out the rate limits (one message a second in a private chat) as a worker would."""
+    pending = OutboundMessage.objects.filter(bot=bot, state=State.PENDING).order_by("pk")
+    return [drive(pk)[0].status for pk in pending.values_list("pk", flat=True)]
