@@ -5,9 +5,10 @@ a developer adds (the `ops_digest` signal or DOVECOTE_OPS_NOTIFIERS).
 Counted from the rows themselves, not from counters bumped on the hot path: a dead letter,
 a case or a circuit change that rolled back is never counted, nothing is lost when Redis
 restarts, and the send path gains no work. The sweeper's `_ops_digest` step calls `flush`
-every sweep; each kind is sent at most once per window of DOVECOTE_OPS_DIGEST_MINUTES (the
-window is claimed in Redis, and the outbox key `ops-digest:<kind>:<window>` makes a retried
-digest one message); whatever happens after a kind's digest waits for the next window.
+every sweep; each kind is sent at most once per DOVECOTE_OPS_DIGEST_MINUTES, counted from its
+previous digest, not by the clock's windows (claimed in Redis atomically, so two beat instances
+send one; the outbox key `ops-digest:<kind>:<window>`, the claim's second, makes a retried
+digest one message); whatever happens after a kind's digest waits for the next one.
 
 The ops bot never reports on itself: its own dead letters, cases and circuit are left out,
 so a failing ops bot cannot feed an endless digest about its failures. Its messages are
@@ -45,15 +46,11 @@ class Digest:
     kind: str
     counts: dict[str, int]
     text: str
-    window: int
+    window: int  # the second its digest was claimed at
 
 
 def window_minutes() -> int:
     return max(1, int(settings.DOVECOTE_OPS_DIGEST_MINUTES))
-
-
-def window_of(now: datetime) -> int:
-    return int(now.timestamp() // (window_minutes() * 60))
 
 
 def ops_bot_id() -> int | None:
@@ -141,9 +138,26 @@ def _since(kind: str, now: datetime) -> datetime:
     return datetime.fromtimestamp(float(value), tz=UTC)
 
 
-def _claim_window(kind: str, window: int) -> bool:
-    ttl = window_minutes() * 60 * 2
-    return bool(ratelimit.redis_client().set(_key(kind, "window", window), 1, nx=True, ex=ttl))
+# Claim the kind's next digest at `now` when its previous one is at least a window old: one
+# step, so two sweepers (two beat instances) cannot both claim it.
+_CLAIM_LUA = """
+local last = redis.call('GET', KEYS[1])
+if last and tonumber(ARGV[1]) < tonumber(last) + tonumber(ARGV[2]) then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
+return 1
+"""
+
+
+def claim_key(kind: str) -> str:
+    return _key(kind, "last")
+
+
+def _claim(kind: str, now: datetime) -> int | None:
+    """The claimed digest's second, or None while the kind's previous digest is too recent."""
+    stamp = int(now.timestamp())
+    seconds = window_minutes() * 60
+    claimed = ratelimit.redis_client().eval(_CLAIM_LUA, 1, claim_key(kind), stamp, seconds, seconds * 2)
+    return stamp if claimed else None
 
 
 def _advance(kind: str, until: datetime) -> None:
@@ -166,9 +180,9 @@ def flush(now: datetime) -> list[Digest]:
         if not counts:
             _advance(kind, now)
             continue
-        window = window_of(now)
-        if not _claim_window(kind, window):
-            continue  # this kind had its digest in this window: the counts wait for the next
+        window = _claim(kind, now)
+        if window is None:
+            continue  # this kind's previous digest is too recent: the counts wait for the next
         digest = Digest(kind, counts, render(kind, counts, minutes=window_minutes()), window)
         _to_telegram(digest, ops_bot)
         ops_digest.send_robust(sender=None, kind=kind, counts=counts, text=digest.text, window=window)

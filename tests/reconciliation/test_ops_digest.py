@@ -5,14 +5,14 @@ and never holds up the bot it reports on."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.core import mail
 from django.utils import timezone
 
 from outbox import circuits
-from outbox.models import OutboundMessage, State
+from outbox.models import DeadLetter, OutboundMessage, State
 from reconciliation import digest, sweeper
 from tests.outbox.helpers import drive, enqueue
 from tests.reconciliation.triage_helpers import failed_row
@@ -70,6 +70,23 @@ def test_a_dead_letter_reaches_the_ops_chat_once_per_window_and_the_next_one_goe
     assert "2 new dead letters" in texts[1]
 
 
+def test_the_window_counts_from_the_previous_digest_not_from_the_clock(bot, ops_bot) -> None:
+    # Clock-aligned windows let two digests go 30 s apart across a boundary (CI found it).
+    window = 5 * 60
+    at = datetime.fromtimestamp((int(timezone.now().timestamp()) // window + 2) * window - 10, UTC)
+
+    def dead_letter(reason: str, *, at: datetime) -> None:
+        DeadLetter.objects.filter(pk=failed_row(bot, reason_class=reason).pk).update(created_at=at)
+
+    dead_letter("permanent", at=at - timedelta(seconds=1))
+    assert len(digest.flush(at)) == 1
+    dead_letter("transient", at=at + timedelta(seconds=20))
+    assert digest.flush(at + timedelta(seconds=30)) == []  # the clock's window changed at +10 s
+    assert digest.flush(at + timedelta(seconds=window - 1)) == []
+    assert [d.counts for d in digest.flush(at + timedelta(seconds=window))] == [{"transient": 1}]
+    assert len(digests(ops_bot)) == 2
+
+
 def test_a_retried_digest_for_the_same_window_is_one_message(bot, ops_bot) -> None:
     failed_row(bot)
     now = timezone.now()
@@ -77,7 +94,7 @@ def test_a_retried_digest_for_the_same_window_is_one_message(bot, ops_bot) -> No
     # The window's claim lost (Redis flushed): the outbox key still makes it one message.
     from outbox import ratelimit
 
-    ratelimit.redis_client().delete(digest._key("dead_letters", "window", digest.window_of(now)))
+    ratelimit.redis_client().delete(digest.claim_key("dead_letters"))
     ratelimit.redis_client().delete(digest._key("dead_letters", "since"))
     digest.flush(now)
     assert len(digests(ops_bot)) == 1
