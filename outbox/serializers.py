@@ -69,7 +69,11 @@ class _SendOptions(serializers.Serializer):
 class MessageCreateSerializer(_SendOptions):
     chat_id = serializers.IntegerField(min_value=INT64_MIN, max_value=INT64_MAX, help_text="Telegram chat id.")
     ordered = serializers.BooleanField(
-        default=True, help_text="Wait for earlier messages to the same chat (false: independent notification)."
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="Wait for earlier messages to the same chat (false: independent notification). "
+        "Default: true, except for sendChatAction and answerCallbackQuery, which are not messages.",
     )
 
 

@@ -72,8 +72,19 @@ SUPPORTED_METHODS = frozenset(
         "unpinChatMessage",
     }
 )
+# Calls that are not messages: they need not wait behind a chat's messages (a callback
+# answer expires within seconds, a typing indicator announces the reply queued after it),
+# so they are unordered by default, and they take no slot of the chat's message limit.
+NOT_A_MESSAGE = frozenset({"sendChatAction", "answerCallbackQuery"})
 # Methods that put a new message in a chat, and so count against the flood limits.
-CREATES_MESSAGE = frozenset(m for m in SUPPORTED_METHODS if m.startswith(("send", "copy", "forward")))
+CREATES_MESSAGE = frozenset(
+    m for m in SUPPORTED_METHODS if m.startswith(("send", "copy", "forward")) and m not in NOT_A_MESSAGE
+)
+
+
+def ordered_by_default(method: str) -> bool:
+    """Whether a call waits for the earlier messages of its chat unless told otherwise."""
+    return method not in NOT_A_MESSAGE
 
 
 def limited_chat_id(message: OutboundMessage) -> int | None:
@@ -160,7 +171,7 @@ def outbound_message_enqueue(
     send_at: datetime | None = None,
     expires_at: datetime | None = None,
     on_ambiguous: str = OnAmbiguous.HOLD,
-    ordered: bool = True,
+    ordered: bool | None = None,
     max_attempts: int | None = None,
 ) -> tuple[OutboundMessage, bool]:
     """Write a message to the outbox (once per key) and dispatch it after commit.
@@ -171,6 +182,9 @@ def outbound_message_enqueue(
     split (outbox/splitting.py) into ordered messages written in one transaction: the first
     keeps `idempotency_key` and is the one returned, part n gets `splitting.part_key(key, n)`.
     The same key again finds the first part and creates nothing.
+
+    `ordered`: wait for the earlier messages of the chat; None means yes for messages and
+    no for calls that are not messages (`NOT_A_MESSAGE`).
     """
     _validate(method, chat_id, payload, splittable=True)
     _validate_options(
@@ -190,7 +204,7 @@ def outbound_message_enqueue(
         "expires_at": expires_at,
         "on_ambiguous": on_ambiguous,
         # The parts of one text go in order whatever the caller asked for.
-        "ordered": ordered or len(payloads) > 1,
+        "ordered": (ordered_by_default(method) if ordered is None else ordered) or len(payloads) > 1,
         "max_attempts": max_attempts or settings.DOVECOTE_OUTBOX_MAX_ATTEMPTS,
         "next_attempt_at": max(send_at, now) if send_at else now,
     }

@@ -151,6 +151,64 @@ def test_an_unordered_message_does_not_wait_for_the_chat(bot, sandbox) -> None:
 
 @pytest.mark.django_db
 @pytest.mark.usefixtures("no_limits")
+def test_a_callback_answer_does_not_wait_behind_a_retrying_message_of_its_chat(bot, sandbox) -> None:
+    # Telegram allows a few seconds to answer a button press; a reply stuck in retry must
+    # not make the button spin until it fails.
+    sandbox.fault("5xx", count=1, token=bot.token)
+    answer = enqueue(bot, chat_id=5, text="the answer")
+    ack, _ = services.outbound_message_enqueue(
+        bot_id=bot.pk,
+        chat_id=5,
+        method="answerCallbackQuery",
+        payload={"callback_query_id": "cb-1"},
+        idempotency_key="cb:cb-1",
+    )
+
+    assert services.outbound_message_send(answer.pk).status == "retry"
+    assert ack.ordered is False
+    assert services.outbound_message_send(ack.pk).status == "sent"
+    drive(answer.pk)
+
+    assert [c["method"] for c in sandbox.calls(token=bot.token)] == [
+        "sendMessage",
+        "answerCallbackQuery",
+        "sendMessage",
+    ]
+
+
+@pytest.mark.django_db
+def test_a_typing_indicator_takes_no_slot_of_the_chats_message_limit(bot, sandbox) -> None:
+    # One message a second in a private chat: if the typing indicator took that slot, the
+    # reply it announces would wait a second behind it.
+    typing, _ = services.outbound_message_enqueue(
+        bot_id=bot.pk, chat_id=9, method="sendChatAction", payload={"action": "typing"}, idempotency_key="typing:1"
+    )
+    reply = enqueue(bot, chat_id=9, text="the reply")
+    assert services.outbound_message_send(typing.pk).status == "sent"
+    assert services.outbound_message_send(reply.pk).status == "sent"
+
+    # A message does take it: a second one in the same second waits.
+    second = enqueue(bot, chat_id=9, text="one more")
+    assert services.outbound_message_send(second.pk).status == "rate-limited"
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("no_limits")
+def test_a_caller_may_still_order_a_call_that_is_not_a_message(bot) -> None:
+    typing, _ = services.outbound_message_enqueue(
+        bot_id=bot.pk,
+        chat_id=9,
+        method="sendChatAction",
+        payload={"action": "typing"},
+        idempotency_key="t",
+        ordered=True,
+    )
+    assert typing.ordered is True
+    assert enqueue(bot, chat_id=9, text="a message").ordered is True
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("no_limits")
 @pytest.mark.parametrize(("fault", "state"), [("403", State.FAILED), ("drop_after_deliver", State.UNKNOWN)])
 def test_a_dead_lettered_or_unknown_earlier_message_does_not_block_the_chat(bot, sandbox, fault, state) -> None:
     sandbox.fault(fault, count=1, token=bot.token)
