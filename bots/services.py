@@ -151,10 +151,6 @@ def inbox_update_route(update_pk: int) -> list[int]:
     return run_ids
 
 
-def _consumer_scope(name: str) -> str:
-    return f"consumer:{name}"
-
-
 def consumer_run_execute(run_pk: int) -> str:
     """Run one consumer on one update. Safe to call any number of times: it starts with a
     claim, and what the consumer does goes through stable keys. Counted by its outcome."""
@@ -187,7 +183,7 @@ def _consumer_run_execute(run_pk: int, named: Callable[[str], None]) -> str:
     if run.update.received_at < now - spec.max_age:
         consumer_run_end_stale(run, spec=spec)
         return "too-old"
-    circuit = _open_circuit(_consumer_scope(spec.name), now)
+    circuit = _open_circuit(circuits.consumer_scope(spec.name), now)
     if circuit is not None:
         # Paused (auth failure or an operator): keep the run; wake it at the probe time.
         if circuit.next_probe_at is not None:
@@ -207,7 +203,7 @@ def _consumer_run_execute(run_pk: int, named: Callable[[str], None]) -> str:
         dispatch_run(run.pk, countdown=max(0.0, (exc.until - timezone.now()).total_seconds()), consumer=spec.name)
         return "deferred"
     except registry.AuthError as exc:
-        delay = circuits.open_for_auth(_consumer_scope(spec.name), reason=str(exc))
+        delay = circuits.open_for_auth(circuits.consumer_scope(spec.name), reason=str(exc))
         transitions.schedule_run_retry(
             run.pk, worker=worker, delay=delay, error=str(exc), error_class="auth", free=True
         )
@@ -252,7 +248,7 @@ def _consumer_run_execute(run_pk: int, named: Callable[[str], None]) -> str:
         transitions.schedule_run_retry(run.pk, worker=worker, delay=delay, error=error, error_class="transient")
         dispatch_run(run.pk, countdown=delay, consumer=spec.name)
         return "retry"
-    circuits.record_success(_consumer_scope(spec.name))
+    circuits.record_success(circuits.consumer_scope(spec.name))
     outcome = returned if isinstance(returned, str) else "done"
     transitions.mark_run_done(run.pk, worker=worker, outcome=outcome)
     logger.info("consumer %s done on update %s: %s", spec.name, run.update.update_id, outcome)

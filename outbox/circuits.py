@@ -56,6 +56,29 @@ RAMP_TICKS = 8
 
 _NOT_CLOSED = (CircuitState.OPEN, CircuitState.HALF_OPEN)
 
+# A circuit's scope names its destination; these are the only places that spell it.
+BOT_PREFIX = "bot:"
+CONSUMER_PREFIX = "consumer:"
+
+
+def bot_scope(bot_id: int) -> str:
+    """The scope of a bot's Bot API access."""
+    return f"{BOT_PREFIX}{bot_id}"
+
+
+def consumer_scope(name: str) -> str:
+    """The scope of a consumer's endpoint."""
+    return f"{CONSUMER_PREFIX}{name}"
+
+
+def parse_scope(scope: str) -> tuple[str, int | str] | None:
+    """("bot", bot id) or ("consumer", name) for a well-formed scope, else None."""
+    if scope.startswith(BOT_PREFIX) and scope[len(BOT_PREFIX) :].isdigit():
+        return "bot", int(scope[len(BOT_PREFIX) :])
+    if scope.startswith(CONSUMER_PREFIX) and len(scope) > len(CONSUMER_PREFIX):
+        return "consumer", scope[len(CONSUMER_PREFIX) :]
+    return None
+
 
 def allow(scope: str) -> bool:
     """May a call to this destination go out now? True when closed, or when this caller

@@ -175,7 +175,7 @@ def outbound_messages_drain(bot_id: int, *, batch_size: int | None = None, extra
     while True:
         if holds_key:
             _redis_quietly("pexpire", _wake_key(bot_id), WAKE_KEY_TTL_MS)
-        circuit = Circuit.objects.filter(scope=services._circuit_scope(bot_id)).first()
+        circuit = Circuit.objects.filter(scope=circuits.bot_scope(bot_id)).first()
         with uncommitted("before_claim_commit"):
             messages = transitions.claim_batch(
                 bot_id=bot_id,
@@ -398,7 +398,7 @@ def _send(
             message_ids=[m.pk for m, _ in outcomes],
         )
     if circuit_dirty and report.sent > sent_before:
-        circuits.record_success(services._circuit_scope(bot.pk))
+        circuits.record_success(circuits.bot_scope(bot.pk))
     failpoint("after_record")
     return held
 

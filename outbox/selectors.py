@@ -11,7 +11,7 @@ from django.db.models import Exists, JSONField, Model, OuterRef, QuerySet, Value
 from django.db.models.functions import Concat
 from django.utils import timezone
 
-from outbox import chat_order
+from outbox import chat_order, circuits
 from outbox.models import Circuit, CircuitState, OutboundMessage, State
 from outbox.splitting import MAX_PARTS, part_key
 
@@ -61,7 +61,7 @@ def outbound_message_for_send(message_id: int, *, now: datetime) -> OutboundMess
     must reset it) and `blocked` (an earlier ordered message to the chat is still open)."""
     if connection.vendor == "postgresql":
         return _outbound_message_for_send_pg(message_id, now)
-    scope = Concat(Value("bot:"), OuterRef("bot_id"))
+    scope = Concat(Value(circuits.BOT_PREFIX), OuterRef("bot_id"))
     return (
         OutboundMessage.objects.select_related("bot")
         .annotate(
@@ -104,12 +104,13 @@ def _for_send_sql() -> str:
     bot_columns, _ = _columns(Bot)
     m, b, c = OutboundMessage._meta.db_table, Bot._meta.db_table, Circuit._meta.db_table
     select = ", ".join([f"m.{col}" for col in message_columns] + [f"b.{col}" for col in bot_columns])
+    bot_scope = f"'{circuits.BOT_PREFIX}' || m.bot_id::text"
     # Same conditions as the ORM path; the open-states test lets PostgreSQL use
     # outbox_open_chat_idx for the chat's order.
     return f"""
         SELECT {select},
-          EXISTS (SELECT 1 FROM {c} c WHERE c.scope = 'bot:' || m.bot_id::text AND c.state <> 'closed'),
-          EXISTS (SELECT 1 FROM {c} c WHERE c.scope = 'bot:' || m.bot_id::text
+          EXISTS (SELECT 1 FROM {c} c WHERE c.scope = {bot_scope} AND c.state <> 'closed'),
+          EXISTS (SELECT 1 FROM {c} c WHERE c.scope = {bot_scope}
                     AND NOT (c.state = 'closed' AND c.consecutive_failures = 0)),
           {chat_order.blocked_sql("m")}
         FROM {m} m JOIN {b} b ON b.id = m.bot_id

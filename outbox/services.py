@@ -309,10 +309,6 @@ def cancel_reason(message: OutboundMessage, *, now: datetime) -> tuple[str, str]
     return None
 
 
-def _circuit_scope(bot_id: int) -> str:
-    return f"bot:{bot_id}"
-
-
 # A deferral longer than this is also written to the row (next_attempt_at), so the sweeper
 # does not take the message for lost and dispatch it a second time meanwhile.
 DEFER_IN_ROW_AFTER_SECONDS = 5.0
@@ -340,7 +336,7 @@ def outbound_message_send(message_id: int, *, slot_reserved: bool = False) -> Se
         # An earlier message to this chat goes first; it kicks this one when it is done.
         # Checked before the circuit, so that a blocked message never spends the probe.
         return SendResult("waiting-for-earlier")
-    if message.circuit_not_closed and not circuits.try_probe(_circuit_scope(message.bot_id)):
+    if message.circuit_not_closed and not circuits.try_probe(circuits.bot_scope(message.bot_id)):
         # The bot's circuit is open (auth failure or operator pause), or another worker is
         # sending the one half-open probe: keep the queue; the sweeper releases it later.
         return SendResult("circuit-open")
@@ -442,7 +438,7 @@ def _record_outcome(
             logger.warning("message %s: success arrived after its lease ran out; settled as sent", message.pk)
             return SendResult("sent-late")
         if getattr(message, "circuit_dirty", True):
-            circuits.record_success(_circuit_scope(message.bot_id))
+            circuits.record_success(circuits.bot_scope(message.bot_id))
         if sent.next_in_chat is not None and sent.next_in_chat != message.pk:
             dispatch(sent.next_in_chat, bot_id=message.bot_id)
         return SendResult("sent")
@@ -452,7 +448,7 @@ def _record_outcome(
     if cls in ANSWERED_BY_TELEGRAM and getattr(message, "circuit_dirty", True):
         # Telegram answered and accepted the token, only not this request: the bot is
         # reachable, so a half-open probe succeeded and counted failures are forgotten.
-        circuits.record_success(_circuit_scope(message.bot_id))
+        circuits.record_success(circuits.bot_scope(message.bot_id))
     if cls == ErrorClass.RATE_LIMITED:
         # Telegram's retry_after is a floor, never shortened; flood control is per bot.
         wait = max(outcome.retry_after or 1.0, 0.0)
@@ -487,7 +483,7 @@ def _record_outcome(
         )
         return SendResult("retry", 0)
     if cls == ErrorClass.AUTH:
-        delay = circuits.open_for_auth(_circuit_scope(message.bot_id), reason=outcome.description)
+        delay = circuits.open_for_auth(circuits.bot_scope(message.bot_id), reason=outcome.description)
         transitions.schedule_retry(message, worker=worker, attempt=attempt, outcome=outcome, delay=delay, free=True)
         return SendResult("circuit-opened", None)
     if cls == ErrorClass.AMBIGUOUS:
@@ -498,7 +494,7 @@ def _record_outcome(
             return SendResult("unknown-resend")
         return SendResult("unknown")
     if cls == ErrorClass.TRANSIENT:
-        circuits.record_failure(_circuit_scope(message.bot_id), reason=outcome.description)
+        circuits.record_failure(circuits.bot_scope(message.bot_id), reason=outcome.description)
         if message.attempts >= message.max_attempts:
             transitions.dead_letter(
                 message, worker=worker, attempt=attempt, outcome=outcome, reason_class=ErrorClass.EXHAUSTED

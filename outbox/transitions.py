@@ -20,7 +20,7 @@ from django.db.models import F
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
-from outbox import chat_order, metrics, selectors
+from outbox import chat_order, circuits, metrics, selectors
 from outbox.models import Attempt, DeadLetter, ErrorClass, OutboundMessage, State
 from outbox.signals import message_ambiguous, message_dead_lettered, message_delivered_late
 from outbox.telegram import CallOutcome
@@ -135,7 +135,7 @@ def claim_batch(
         RETURNING {columns}
     """  # noqa: S608 - names from _meta, values as parameters
     since = due_since or datetime.min.replace(tzinfo=now.tzinfo)
-    params = [bot_id, now, since, now, f"bot:{bot_id}", limit, worker, now + lease, now]
+    params = [bot_id, now, since, now, circuits.bot_scope(bot_id), limit, worker, now + lease, now]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()

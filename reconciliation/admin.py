@@ -33,6 +33,7 @@ from bots.models import Bot, InboundUpdate
 from bots.payloads import clip
 from outbox import services as outbox_services
 from outbox.admin import CappedCountPaginator, ConsumerNameFilter, OutboundMessageAdmin, RedactedFieldsMixin
+from outbox.circuits import bot_scope
 from outbox.logging import redact
 from outbox.models import DeadLetter, DeadLetterStatus, ErrorClass, OutboundMessage, State
 from reconciliation import services, triage
@@ -784,11 +785,12 @@ class OperatorBotAdmin(BotAdmin):
     def change_view(self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None) -> Any:
         from outbox.models import Circuit
 
-        circuit = Circuit.objects.filter(scope=f"bot:{object_id}").first()
+        scope = bot_scope(int(object_id)) if object_id.isdigit() else ""
+        circuit = Circuit.objects.filter(scope=scope).first()
         extra = {
             "circuit": circuit,
             "can_pause": request.user.has_perm(PAUSE_PERMISSION),
-            "circuit_scope": f"bot:{object_id}",
+            "circuit_scope": scope,
         }
         return super().change_view(request, object_id, form_url, {**(extra_context or {}), **extra})
 

@@ -14,6 +14,7 @@ from django.utils.safestring import SafeString, mark_safe
 
 from bots import registry
 from bots.models import Bot, ConsumerRun, InboundUpdate, RunState, UpdateState
+from outbox.circuits import bot_scope, consumer_scope
 from outbox.models import Circuit, CircuitState, DeadLetter, DeadLetterStatus, OutboundMessage, State
 from reconciliation.models import CaseStatus, ReconciliationCase
 
@@ -109,11 +110,11 @@ def dashboard_numbers(bot_id: int | None = None) -> dict[str, Any]:
     ages = [a for a in oldest_age.values() if a is not None]
 
     bots = Bot.objects.filter(pk=bot_id) if bot_id is not None else Bot.objects.all()
-    scopes = [f"bot:{b.pk}" for b in bots] + [f"consumer:{name}" for name in registry.registered()]
+    scopes = [bot_scope(b.pk) for b in bots] + [consumer_scope(name) for name in registry.registered()]
     stored = {c.scope: c for c in Circuit.objects.filter(scope__in=scopes)}
     if bot_id is None:
         stored.update({c.scope: c for c in Circuit.objects.exclude(state=CircuitState.CLOSED)})
-    names = {f"bot:{b.pk}": f"bot {b.name}" for b in bots}
+    names = {bot_scope(b.pk): f"bot {b.name}" for b in bots}
     circuits = [
         {
             "scope": scope,

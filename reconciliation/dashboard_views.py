@@ -10,6 +10,7 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 
 from bots.models import Bot
+from outbox.circuits import parse_scope
 from outbox.models import Circuit
 from reconciliation import triage
 from reconciliation.admin import ReasonForm, confirm_page
@@ -59,9 +60,8 @@ def circuit(request: HttpRequest, action: str) -> HttpResponse:
     if not request.user.has_perm(PAUSE_PERMISSION):
         raise PermissionDenied
     scope = request.GET.get("scope") or request.POST.get("scope") or ""
-    if not (scope.startswith("bot:") and scope[4:].isdigit() and Bot.objects.filter(pk=scope[4:]).exists()) and not (
-        scope.startswith("consumer:") and len(scope) > 9
-    ):
+    parsed = parse_scope(scope)
+    if parsed is None or (parsed[0] == "bot" and not Bot.objects.filter(pk=parsed[1]).exists()):
         raise Http404("unknown scope")
     form = ReasonForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
@@ -70,8 +70,8 @@ def circuit(request: HttpRequest, action: str) -> HttpResponse:
         else:
             triage.circuit_resume(scope, request.user, form.cleaned_data["reason"])
         messages.success(request, f"{scope}: {action}d.")
-        if scope.startswith("bot:"):
-            return HttpResponseRedirect(reverse("admin:bots_bot_change", args=[scope[4:]]))
+        if parsed[0] == "bot":
+            return HttpResponseRedirect(reverse("admin:bots_bot_change", args=[parsed[1]]))
         return HttpResponseRedirect(reverse("dovecote_dashboard"))
     model_admin = admin.site._registry[Circuit]
     intro = (

@@ -31,6 +31,7 @@ from django.dispatch import receiver
 from django.utils.module_loading import import_string
 
 from outbox import ratelimit
+from outbox.circuits import bot_scope
 from outbox.models import Circuit, CircuitState, DeadLetter
 from reconciliation.models import ReconciliationCase
 from reconciliation.signals import ops_digest
@@ -92,7 +93,7 @@ def count(kind: str, since: datetime, until: datetime, *, ops_bot: int | None) -
     if kind == "circuits":
         circuits = Circuit.objects.all()
         if ops_bot is not None:
-            circuits = circuits.exclude(scope=f"bot:{ops_bot}")
+            circuits = circuits.exclude(scope=bot_scope(ops_bot))
         opened = circuits.filter(opened_at__gte=since, opened_at__lt=until).exclude(state=CircuitState.CLOSED)
         closed = circuits.filter(
             state=CircuitState.CLOSED, opened_at__isnull=False, updated_at__gte=since, updated_at__lt=until

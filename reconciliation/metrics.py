@@ -16,6 +16,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from bots.models import Bot, ConsumerRun, InboundUpdate, RunState, UpdateState
+from outbox.circuits import bot_scope
 from outbox.models import Circuit, CircuitState, DeadLetter, DeadLetterStatus, OutboundMessage, State
 from reconciliation.models import CaseStatus, ReconciliationCase
 from reconciliation.sweeper import sweeper_last_run
@@ -82,7 +83,7 @@ def current_state() -> dict[str, Any]:
     circuits = list(
         Circuit.objects.exclude(state=CircuitState.CLOSED).values("scope", "state", "manual").order_by("scope")
     )
-    bot_scopes = {f"bot:{pk}": name for pk, name in names.items()}
+    bot_scopes = {bot_scope(pk): name for pk, name in names.items()}
     return {
         "outbox": outbox,
         "outbox_by_bot": per_bot,

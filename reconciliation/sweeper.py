@@ -281,14 +281,14 @@ def _redispatch_sends(now: datetime, report: dict[str, int]) -> None:
     tick = float(settings.DOVECOTE_SWEEP_INTERVAL_SECONDS)
     recent = now - timedelta(seconds=tick * circuits.RAMP_TICKS)
     special: list[int] = []
-    for circuit in Circuit.objects.filter(scope__startswith="bot:").filter(
+    for circuit in Circuit.objects.filter(scope__startswith=circuits.BOT_PREFIX).filter(
         Q(state__in=[CircuitState.OPEN, CircuitState.HALF_OPEN])
         | Q(state=CircuitState.CLOSED, opened_at__isnull=False, updated_at__gte=recent)
     ):
-        try:
-            bot_id = int(circuit.scope.removeprefix("bot:"))
-        except ValueError:
+        parsed = circuits.parse_scope(circuit.scope)
+        if parsed is None:
             continue
+        bot_id = int(parsed[1])
         special.append(bot_id)
         if circuit.state != CircuitState.CLOSED:
             probe_due = not circuit.manual and circuit.next_probe_at is not None and circuit.next_probe_at <= now

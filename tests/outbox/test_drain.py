@@ -139,7 +139,7 @@ def test_a_drain_leaves_broadcasts_and_a_bot_with_an_open_circuit_alone(bot, san
     assert OutboundMessage.objects.filter(pk__in=broadcast.message_ids, state=State.PENDING).count() == 2
 
     reply = enqueue(bot, chat_id=63, text="a reply")
-    circuits.pause(services._circuit_scope(bot.pk), reason="operator pause")
+    circuits.pause(circuits.bot_scope(bot.pk), reason="operator pause")
     assert drain.outbound_messages_drain(bot.pk).batches == 0
     reply.refresh_from_db()
     assert reply.state == State.PENDING
@@ -244,7 +244,7 @@ def test_after_an_outage_a_drain_sends_new_messages_and_leaves_the_backlog_to_th
     )
     # The bot's circuit was open for the outage and has just closed.
     Circuit.objects.create(
-        scope=services._circuit_scope(bot.pk),
+        scope=circuits.bot_scope(bot.pk),
         state=CircuitState.CLOSED,
         opened_at=timezone.now() - timedelta(minutes=5),
     )

@@ -361,6 +361,14 @@ def test_a_bot_token_is_never_shown_and_pause_resume_are_audited(bot, developer)
     ]
 
 
+@pytest.mark.parametrize("scope", ["bot:", "bot:x", "bot:999999", "consumer:", "crm", ""])
+def test_pausing_a_scope_that_names_no_bot_or_consumer_is_a_404(bot, developer, scope) -> None:
+    client = logged_in(developer)
+    url = reverse("dovecote_circuit", args=["pause"])
+    assert client.post(url + f"?scope={scope}", {"reason": "typo"}).status_code == 404
+    assert not Circuit.objects.exists()
+
+
 def test_the_dashboard_renders_charts_a_live_fragment_and_json(sandbox, bot, operator, viewer) -> None:
     failed_by_sandbox(sandbox, bot)
     client = logged_in(operator)
