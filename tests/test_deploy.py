@@ -64,6 +64,29 @@ def test_the_release_phase_only_migrates() -> None:
     assert procfile()["release"].strip() == "python manage.py migrate --noinput"
 
 
+def test_the_demo_database_migrates_from_zero_and_back_on_sqlite(tmp_path) -> None:
+    # `make demo` runs on SQLite: indexes built CONCURRENTLY on PostgreSQL must still migrate.
+    env = {k: v for k, v in base_env().items() if k not in ("REDIS_URL",)}
+    env.update(DJANGO_SETTINGS_MODULE="project.settings", DATABASE_URL=f"sqlite:///{tmp_path / 'demo.sqlite3'}")
+
+    def manage(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [str(VENV_BIN / "python"), "manage.py", *args],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    migrated = manage("migrate", "--noinput")
+    assert migrated.returncode == 0, migrated.stderr
+    assert "[ ]" not in manage("showmigrations").stdout
+    for app in ("reconciliation", "outbox", "bots"):
+        undone = manage("migrate", app, "zero", "--noinput")
+        assert undone.returncode == 0, undone.stderr
+
+
 @pytest.mark.parametrize("process", ["release", "web", "worker", "beat"])
 def test_every_process_refuses_to_start_without_redis_url_naming_it(process: str) -> None:
     env = platform_env(PORT=str(free_port()), DATABASE_URL="postgres://postgres@127.0.0.1:5432/never-used")
