@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import logging
 import secrets
+import time
 import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from functools import cache
 from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Q
+from django.db.models.signals import post_delete, post_save
+from django.dispatch import receiver
 from django.utils import timezone
 
 from bots import registry, transitions
@@ -68,25 +72,76 @@ def _int64(value: Any) -> int | None:
     return None
 
 
+# The webhook's bot, per process, for this long: a burst of updates does not look the bot
+# up once per update. A change saved in this process forgets it at once (`forget_bot`);
+# other processes see a deactivation or a new secret within this time.
+BOT_CACHE_SECONDS = 5.0
+_bots: dict[str, tuple[float, Bot]] = {}
+
+
+def webhook_bot(name: str) -> Bot | None:
+    """The active bot of this name, from the per-process cache when fresh."""
+    cached = _bots.get(name)
+    now = time.monotonic()
+    if cached is not None and cached[0] > now:
+        return cached[1]
+    bot = Bot.objects.filter(name=name, is_active=True).first()
+    if bot is None:
+        # Unknown names are not cached: a scanner's made-up names must not fill memory.
+        _bots.pop(name, None)
+        return None
+    _bots[name] = (now + BOT_CACHE_SECONDS, bot)
+    return bot
+
+
+@receiver([post_save, post_delete], sender=Bot, dispatch_uid="bots.forget_bot")
+def forget_bot(sender: Any = None, instance: Bot | None = None, **kwargs: Any) -> None:
+    """Drop the cached webhook bots (all of them: a renamed bot's old name too)."""
+    _bots.clear()
+
+
 def inbox_update_store(*, bot: Bot, payload: dict[str, Any], trace_id: str | None = None) -> tuple[InboundUpdate, bool]:
-    """Insert the update once per (bot, update_id) - INSERT ... ON CONFLICT DO NOTHING -
-    and dispatch its routing after commit. Returns (update, created)."""
+    """Insert the update once per (bot, update_id) and dispatch its routing after commit.
+    Returns (update, created). A new update costs one statement (INSERT ... ON CONFLICT DO
+    NOTHING RETURNING id): this is the webhook's hot path. Only a duplicate reads the row
+    that was stored first."""
     trace_id = trace_id or new_trace_id()
-    now = timezone.now()
     row = InboundUpdate(
         bot=bot,
         update_id=payload["update_id"],
         payload=payload,
         trace_id=trace_id,
-        next_attempt_at=now,
+        next_attempt_at=timezone.now(),
         **describe_update(payload),
     )
-    InboundUpdate.objects.bulk_create([row], ignore_conflicts=True)
-    stored = InboundUpdate.objects.get(bot=bot, update_id=payload["update_id"])
-    created = stored.trace_id == trace_id
-    if created:
-        transaction.on_commit(lambda: dispatch_update(stored.pk))
-    return stored, created
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _insert_once_sql(), [f.get_db_prep_save(f.pre_save(row, True), connection) for f in _insert_fields()]
+        )
+        inserted = cursor.fetchone()
+    if inserted is None:
+        return InboundUpdate.objects.get(bot=bot, update_id=row.update_id), False
+    row.pk = inserted[0]
+    row._state.adding, row._state.db = False, connection.alias
+    transaction.on_commit(lambda: dispatch_update(row.pk))
+    return row, True
+
+
+@cache
+def _insert_fields() -> list[Any]:
+    return [f for f in InboundUpdate._meta.concrete_fields if not f.primary_key]
+
+
+@cache
+def _insert_once_sql() -> str:
+    qn = connection.ops.quote_name
+    meta = InboundUpdate._meta
+    columns = ", ".join(qn(f.column) for f in _insert_fields())
+    placeholders = ", ".join(["%s"] * len(_insert_fields()))
+    return (
+        f"INSERT INTO {qn(meta.db_table)} ({columns}) VALUES ({placeholders}) "  # noqa: S608 - names from _meta
+        f"ON CONFLICT ({qn('bot_id')}, {qn('update_id')}) DO NOTHING RETURNING {qn(meta.pk.column)}"
+    )
 
 
 def dispatch_update(update_pk: int) -> bool:
@@ -364,6 +419,7 @@ def bot_webhook_secret_ensure(bot: Bot) -> str:
         bot.webhook_secret = new_webhook_secret()
         Bot.objects.filter(pk=bot.pk, webhook_secret="").update(webhook_secret=bot.webhook_secret)
         bot.refresh_from_db(fields=["webhook_secret"])
+        forget_bot()
     return bot.webhook_secret
 
 

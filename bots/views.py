@@ -12,9 +12,8 @@ from django.db import DatabaseError, DataError, transaction
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
-from bots.models import Bot
 from bots.payloads import MAX_JSON_DEPTH, json_depth
-from bots.services import inbox_update_store, new_trace_id
+from bots.services import inbox_update_store, new_trace_id, webhook_bot
 from outbox import metrics
 from outbox.logging import current_trace_id
 
@@ -61,7 +60,7 @@ def _receive(request: HttpRequest, name: str) -> JsonResponse:
     trace_id = new_trace_id()
     current_trace_id.set(trace_id)
     try:
-        bot = Bot.objects.filter(name=name, is_active=True).first()
+        bot = webhook_bot(name)
         if bot is None:
             return _error(404, "unknown or inactive bot")
         request.dovecote_bot = bot.name  # type: ignore[attr-defined]

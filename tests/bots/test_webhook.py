@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
+from django.db import connection
 from django.test import Client, override_settings
+from django.test.utils import CaptureQueriesContext
 
-from bots.models import InboundUpdate, UpdateState
+from bots import services
+from bots.models import Bot, InboundUpdate, UpdateState
 
 pytestmark = pytest.mark.django_db
 
@@ -105,6 +109,38 @@ def test_an_inactive_bot_is_404(client: Client, bot_factory) -> None:
     sleeping = bot_factory(is_active=False)
     assert post(client, sleeping, message_update(1)).status_code == 404
     assert not InboundUpdate.objects.exists()
+
+
+def test_a_stored_update_costs_one_statement_after_the_first(client: Client, bot) -> None:
+    # The hot path: no bot lookup (cached per process) and no re-read of the inserted row.
+    post(client, bot, message_update(1))
+    with CaptureQueriesContext(connection) as queries:
+        assert post(client, bot, message_update(2)).status_code == 200
+    statements = [q["sql"] for q in queries.captured_queries if not q["sql"].startswith(("SAVEPOINT", "RELEASE"))]
+    assert len(statements) == 1
+    assert statements[0].startswith("INSERT INTO")
+    assert "ON CONFLICT" in statements[0]
+    assert InboundUpdate.objects.filter(bot=bot).count() == 2
+
+
+def test_a_bot_deactivated_or_given_a_new_secret_is_refused_at_once_here_and_soon_elsewhere(
+    client: Client, bot, monkeypatch
+) -> None:
+    assert post(client, bot, message_update(1)).status_code == 200  # now cached
+    bot.webhook_secret = "a-new-secret"
+    bot.save()  # saved in this process: forgotten at once
+    assert post(client, bot, message_update(2), **{SECRET_HEADER: "alices-webhook-secret"}).status_code == 403
+    assert post(client, bot, message_update(3)).status_code == 200
+
+    # Another process deactivates it (no signal reaches this one): refused once the cache
+    # entry is older than BOT_CACHE_SECONDS.
+    monkeypatch.setattr(services, "BOT_CACHE_SECONDS", 0.2)
+    services.forget_bot()
+    assert post(client, bot, message_update(4)).status_code == 200
+    Bot.objects.filter(pk=bot.pk).update(is_active=False)
+    time.sleep(0.3)
+    assert post(client, bot, message_update(5)).status_code == 404
+    assert sorted(InboundUpdate.objects.values_list("update_id", flat=True)) == [1, 3, 4]
 
 
 @pytest.mark.parametrize(
