@@ -24,7 +24,6 @@ publishes its own continuation.
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -36,7 +35,7 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
-from outbox import circuits, policy, ratelimit, selectors, services, telegram, transitions
+from outbox import circuits, policy, ratelimit, selectors, services, telegram, transitions, wakeups
 from outbox.failpoints import failpoint, uncommitted
 from outbox.logging import current_trace_id
 from outbox.models import Attempt, Circuit, CircuitState, ErrorClass, OutboundMessage
@@ -55,11 +54,6 @@ SLOT_HORIZON_SECONDS = 0.25
 PACE_LEAD_SECONDS = 0.05
 # Answers arriving within this long of the first are recorded by one statement.
 RECORD_GATHER_SECONDS = 0.05
-# The wake-up key outlives a drain that died, or a drain task lost with its broker message,
-# by at most this long (a running drain renews it each batch; a batch slower than this only
-# lets a second drain start). Messages that found the key set meanwhile are sent by the
-# next wake-up of their bot, or redispatched by the sweeper.
-WAKE_KEY_TTL_MS = 5_000
 # Outcomes after which this drain stops and leaves the rest to the retry schedule.
 _STOPS_THE_DRAIN = frozenset({ErrorClass.RATE_LIMITED, ErrorClass.AUTH})
 
@@ -71,29 +65,11 @@ def enabled() -> bool:
 
 
 def _wake_key(bot_id: int) -> str:
-    return f"{settings.DOVECOTE_REDIS_PREFIX}dovecote:drain:{bot_id}"
+    return wakeups.key("drain", bot_id)
 
 
 def _extra_key(bot_id: int) -> str:
-    return f"{settings.DOVECOTE_REDIS_PREFIX}dovecote:drain-extra:{bot_id}"
-
-
-def _set_nx(key: str, ttl_seconds: float) -> bool | None:
-    """SET NX with a TTL: True when set, False when already there, None when Redis failed."""
-    import redis
-
-    try:
-        return bool(ratelimit.redis_client().set(key, b"1", nx=True, px=int(ttl_seconds * 1000) + WAKE_KEY_TTL_MS))
-    except redis.RedisError as exc:
-        logger.warning("could not set %s: %s", key, exc)
-        return None
-
-
-def _redis_quietly(command: str, *args: object) -> None:
-    import redis
-
-    with contextlib.suppress(redis.RedisError):  # the key expires by itself
-        getattr(ratelimit.redis_client(), command)(*args)
+    return wakeups.key("drain-extra", bot_id)
 
 
 def wake(bot_id: int, *, countdown: float = 0.0) -> bool:
@@ -103,25 +79,25 @@ def wake(bot_id: int, *, countdown: float = 0.0) -> bool:
     their rows and the sweeper dispatches them.
 
     A drain lost with its worker or its broker message stops renewing the key, which then
-    expires (WAKE_KEY_TTL_MS); until then wake-ups, the sweeper's too, trust it. The
+    expires (wakeups.KEY_TTL_MS); until then wake-ups, the sweeper's too, trust it. The
     sweeper's next tick wakes a new one: recovery never starts a second pacer for a bot
     whose drain is alive."""
-    taken = _set_nx(_wake_key(bot_id), countdown)
+    taken = wakeups.take(_wake_key(bot_id), countdown=countdown)
     if taken is None:
         return False
     if not taken:
         return True  # the queued or running drain will see the message
     if _publish(bot_id, countdown=countdown):
         return True
-    _redis_quietly("delete", _wake_key(bot_id))
+    wakeups.release(_wake_key(bot_id))
     return False
 
 
 def _fan_out(bot_id: int) -> None:
     """One more drain of this bot, beside the one that holds the wake-up key, while the bot
     has room: at most one queued at a time (its own key, deleted as it starts)."""
-    if _set_nx(_extra_key(bot_id), 0) and not _publish(bot_id, extra=True):
-        _redis_quietly("delete", _extra_key(bot_id))
+    if wakeups.take(_extra_key(bot_id)) and not _publish(bot_id, extra=True):
+        wakeups.release(_extra_key(bot_id))
 
 
 def _publish(bot_id: int, countdown: float = 0.0, *, extra: bool = False) -> bool:
@@ -160,12 +136,12 @@ def outbound_messages_drain(bot_id: int, *, batch_size: int | None = None, extra
     A drain woken by `wake()` holds the bot's wake-up key while it runs, so that a burst
     wakes no second one; an `extra` drain (fanned out while the bot has room) does not."""
     if extra:
-        _redis_quietly("delete", _extra_key(bot_id))
+        wakeups.release(_extra_key(bot_id))
     bot = selectors.bot_model().objects.filter(pk=bot_id).first()
     report = DrainReport()
     if bot is None:
         if not extra:
-            _redis_quietly("delete", _wake_key(bot_id))
+            wakeups.release(_wake_key(bot_id))
         return report
     size = batch_size or settings.DOVECOTE_DRAIN_BATCH_SIZE
     lease = timedelta(seconds=settings.DOVECOTE_SEND_LEASE_SECONDS)
@@ -174,7 +150,7 @@ def outbound_messages_drain(bot_id: int, *, batch_size: int | None = None, extra
     holds_key = not extra
     while True:
         if holds_key:
-            _redis_quietly("pexpire", _wake_key(bot_id), WAKE_KEY_TTL_MS)
+            wakeups.renew(_wake_key(bot_id))
         circuit = Circuit.objects.filter(scope=circuits.bot_scope(bot_id)).first()
         with uncommitted("before_claim_commit"):
             messages = transitions.claim_batch(
@@ -191,7 +167,7 @@ def outbound_messages_drain(bot_id: int, *, batch_size: int | None = None, extra
                 return report
             # Let go of the key, then look once more: a message committed while it was
             # still held woke nobody, so this drain must see it.
-            _redis_quietly("delete", _wake_key(bot_id))
+            wakeups.release(_wake_key(bot_id))
             holds_key = False
             continue
         failpoint("after_claim")
@@ -236,9 +212,9 @@ def _continue(bot_id: int, countdown: float, *, holds_key: bool) -> None:
     if not holds_key:
         wake(bot_id, countdown=countdown)
         return
-    _redis_quietly("pexpire", _wake_key(bot_id), int(countdown * 1000) + WAKE_KEY_TTL_MS)
+    wakeups.renew(_wake_key(bot_id), countdown=countdown)
     if not _publish(bot_id, countdown=countdown):
-        _redis_quietly("delete", _wake_key(bot_id))
+        wakeups.release(_wake_key(bot_id))
 
 
 def _drop_expired_and_vetoed(

@@ -14,7 +14,7 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
-from outbox import circuits, drain, services, transitions
+from outbox import circuits, drain, services, transitions, wakeups
 from outbox.models import Attempt, Circuit, CircuitState, DeadLetter, ErrorClass, OutboundMessage, State
 from reconciliation.sweeper import sweep
 from tests.outbox.helpers import enqueue
@@ -266,7 +266,7 @@ def test_the_sweeper_wakes_a_new_drain_once_a_lost_ones_wake_up_has_expired(bot,
     client = redis.Redis.from_url(settings.REDIS_URL)
     client.delete(f"{settings.DOVECOTE_REDIS_PREFIX}{settings.CELERY_TASK_DEFAULT_QUEUE}")  # the drain task is lost
     key = f"{settings.DOVECOTE_REDIS_PREFIX}dovecote:drain:{bot.pk}"
-    assert 0 < client.pttl(key) <= drain.WAKE_KEY_TTL_MS  # its wake-up key is not, for a few seconds
+    assert 0 < client.pttl(key) <= wakeups.KEY_TTL_MS  # its wake-up key is not, for a few seconds
 
     # While the key stands, the sweep trusts it (a live drain would take the messages in turn) ...
     assert sweep()["messages_redispatched"] == 3
