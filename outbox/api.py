@@ -35,7 +35,7 @@ IDEMPOTENCY_HEADER = OpenApiParameter(
     OpenApiTypes.STR,
     OpenApiParameter.HEADER,
     required=True,
-    description="1-255 characters, unique per request intent; kept at least 24 hours.",
+    description="1-255 characters, no control characters, unique per request intent; kept at least 24 hours.",
 )
 IDEMPOTENCY_RESPONSES = {
     400: OpenApiResponse(description="Missing or invalid Idempotency-Key, or invalid body (field errors)."),
@@ -48,8 +48,9 @@ def _idempotent(request: Request, endpoint: str, handle: Callable[[str], Respons
     key = request.headers.get("Idempotency-Key")
     if key is None:
         return Response({"detail": "the Idempotency-Key header is required"}, status=status.HTTP_400_BAD_REQUEST)
-    if not 1 <= len(key) <= 255:
-        return Response({"detail": "an Idempotency-Key is 1-255 characters"}, status=status.HTTP_400_BAD_REQUEST)
+    problem = services.idempotency_key_problem(key)
+    if problem:
+        return Response({"detail": f"invalid Idempotency-Key: {problem}"}, status=status.HTTP_400_BAD_REQUEST)
     begun = idempotency.idempotency_begin(
         scope=f"user:{request.user.pk}:{endpoint}",
         key=key,

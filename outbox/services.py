@@ -146,11 +146,22 @@ def _parts(method: str, payload: dict[str, Any]) -> list[dict[str, Any]]:
         raise MessageRejected(f"the text is too long for one message: {exc}") from exc
 
 
+def idempotency_key_problem(key: str) -> str:
+    """Why a key cannot be used ("" when it can): 1-255 characters, none of them a control
+    character (PostgreSQL's text refuses NUL; the others are invisible in the admin)."""
+    if not 1 <= len(key) <= 255:
+        return "an idempotency key is 1-255 characters"
+    if any(ord(c) < 32 or ord(c) == 127 for c in key):
+        return "an idempotency key has no control characters"
+    return ""
+
+
 def _validate_options(
     *, idempotency_key: str, send_at: datetime | None, expires_at: datetime | None, on_ambiguous: str
 ) -> None:
-    if not 1 <= len(idempotency_key) <= 255:
-        raise MessageRejected("an idempotency key is 1-255 characters", field="idempotency_key")
+    problem = idempotency_key_problem(idempotency_key)
+    if problem:
+        raise MessageRejected(problem, field="idempotency_key")
     if on_ambiguous not in OnAmbiguous.values:
         raise MessageRejected(f"on_ambiguous is one of {', '.join(OnAmbiguous.values)}", field="on_ambiguous")
     if send_at and expires_at and expires_at <= send_at:

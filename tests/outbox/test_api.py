@@ -100,7 +100,7 @@ def test_the_same_key_while_the_first_request_is_in_progress_is_409(alice, bot) 
     assert not OutboundMessage.objects.exists()
 
 
-@pytest.mark.parametrize("key", [None, "", "k" * 256])
+@pytest.mark.parametrize("key", [None, "", "k" * 256, "\x00", "tab\tkey"])
 def test_a_missing_or_invalid_key_is_400(alice, bot, key) -> None:
     response = post_message(alice, body_for(bot), key=key)
 
