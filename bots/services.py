@@ -20,8 +20,8 @@ from django.dispatch import receiver
 from django.utils import timezone
 
 from bots import registry, transitions
-from bots.models import Bot, ConsumerRun, InboundUpdate, UpdateState
-from outbox import circuits, metrics
+from bots.models import Bot, ConsumerRun, InboundUpdate
+from outbox import circuits, metrics, wakeups
 from outbox.logging import current_trace_id
 from outbox.models import Circuit, CircuitState, DeadLetter
 from outbox.publishing import publish
@@ -123,7 +123,7 @@ def inbox_update_store(*, bot: Bot, payload: dict[str, Any], trace_id: str | Non
         return InboundUpdate.objects.get(bot=bot, update_id=row.update_id), False
     row.pk = inserted[0]
     row._state.adding, row._state.db = False, connection.alias
-    transaction.on_commit(lambda: dispatch_update(row.pk))
+    transaction.on_commit(lambda: inbox_router_wake(bot.pk, row.pk))
     return row, True
 
 
@@ -171,39 +171,121 @@ def dispatch_run(run_pk: int, *, countdown: float = 0.0, consumer: str | None = 
     return publish(run_consumer, (run_pk,), countdown=countdown, what=f"consumer run {run_pk}", **limits)
 
 
+# The router routes a bot's new updates this many at a time, and hands the worker back
+# (publishing its continuation) after this long, so a steady stream cannot hold it.
+ROUTE_BATCH_SIZE = 50
+ROUTE_TIME_BUDGET_SECONDS = 10.0
+
+
 def inbox_update_route(update_pk: int) -> list[int]:
-    """Create one ConsumerRun per matching consumer and mark the update routed, in one
-    transaction; dispatch the runs after commit. Routing is decided once and recorded."""
+    """Route one update (the sweeper's redispatch, and the demo's per-update task): its
+    consumer runs and the update marked routed, in one transaction; the runs dispatched
+    after commit. Routing is decided once and recorded. Returns the runs' ids."""
     with transaction.atomic():
-        update = InboundUpdate.objects.filter(pk=update_pk, state=UpdateState.NEW).first()
-        if update is None:
-            return []
-        current_trace_id.set(update.trace_id)
-        if not transitions.mark_update_routed(update.pk):
-            return []  # another worker routed it
-        now = timezone.now()
-        runs = [
-            ConsumerRun(
-                update=update,
-                bot_id=update.bot_id,
-                consumer=spec.name,
-                max_attempts=spec.max_attempts,
-                next_attempt_at=now,
-                trace_id=update.trace_id,
-            )
-            for spec in registry.matching(update)
-        ]
-        ConsumerRun.objects.bulk_create(runs, ignore_conflicts=True)
-        created = list(ConsumerRun.objects.filter(update=update).values_list("pk", "consumer"))
-        run_ids = [pk for pk, _ in created]
-        transaction.on_commit(lambda: [dispatch_run(pk, consumer=name) for pk, name in created])
-    logger.info(
-        "update %s routed to %s",
-        update.update_id,
-        ", ".join(run.consumer for run in runs) or "no consumer",
-        extra={"consumers": [run.consumer for run in runs]},
-    )
-    return run_ids
+        taken = transitions.take_updates_to_route(InboundUpdate.objects.filter(pk=update_pk), limit=1)
+        created = _write_runs(taken)
+    return [pk for pk, _ in created]
+
+
+def inbox_updates_route(bot_id: int, *, limit: int = ROUTE_BATCH_SIZE) -> int:
+    """Route up to `limit` of the bot's new updates, oldest first, in one transaction (their
+    runs in one INSERT). Routers on other workers take other rows. Returns how many."""
+    with transaction.atomic():
+        taken = transitions.take_updates_to_route(InboundUpdate.objects.filter(bot_id=bot_id), limit=limit)
+        _write_runs(taken)
+    return len(taken)
+
+
+def _write_runs(updates: list[InboundUpdate]) -> list[tuple[int, str]]:
+    """One ConsumerRun per matching consumer of each (just taken) update, dispatched after
+    commit. Returns (run id, consumer) of every run of these updates."""
+    if not updates:
+        return []
+    now = timezone.now()
+    matched = {u.pk: registry.matching(u) for u in updates}
+    runs = [
+        ConsumerRun(
+            update=u,
+            bot_id=u.bot_id,
+            consumer=spec.name,
+            max_attempts=spec.max_attempts,
+            next_attempt_at=now,
+            trace_id=u.trace_id,
+        )
+        for u in updates
+        for spec in matched[u.pk]
+    ]
+    ConsumerRun.objects.bulk_create(runs, ignore_conflicts=True)
+    created = list(ConsumerRun.objects.filter(update__in=updates).order_by("pk").values_list("pk", "consumer"))
+    transaction.on_commit(lambda: [dispatch_run(pk, consumer=name) for pk, name in created])
+    for u in updates:
+        names = [spec.name for spec in matched[u.pk]]
+        current_trace_id.set(u.trace_id)
+        logger.info(
+            "update %s routed to %s", u.update_id, ", ".join(names) or "no consumer", extra={"consumers": names}
+        )
+    return created
+
+
+def _router_key(bot_id: int) -> str:
+    return wakeups.key("router", bot_id)
+
+
+def router_coalesced() -> bool:
+    """Coalesced routing needs PostgreSQL (SKIP LOCKED) and Redis (the wake-up key); the
+    demo's SQLite and file broker route each update in a task of its own."""
+    return bool(settings.REDIS_URL) and connection.vendor == "postgresql"
+
+
+def inbox_router_wake(bot_id: int, update_pk: int | None = None) -> bool:
+    """Have a router of this bot run unless one is queued or running (outbox/wakeups.py): a
+    burst of updates at the webhook publishes one task. Never raises. Without the wake-up
+    key (the demo, or Redis failing) the update gets a routing task of its own; when the
+    broker is down too, it stays new in its row and the sweeper dispatches it."""
+    if not router_coalesced():
+        return dispatch_update(update_pk) if update_pk is not None else False
+    taken = wakeups.take(_router_key(bot_id))
+    if taken is None:
+        return dispatch_update(update_pk) if update_pk is not None else False
+    if not taken:
+        return True  # the queued or running router will see the update
+    if _publish_router(bot_id):
+        return True
+    wakeups.release(_router_key(bot_id))
+    return False
+
+
+def _publish_router(bot_id: int) -> bool:
+    from bots.tasks import route_bot
+
+    return publish(route_bot, (bot_id,), what=f"router of bot {bot_id}")
+
+
+def inbox_router_run(bot_id: int) -> int:
+    """The router task: route the bot's new updates a batch at a time until none is left or
+    the time budget is spent (then a continuation follows). It holds the bot's wake-up key
+    while it runs; it lets go of it when a batch comes back empty, then looks once more, so
+    an update stored while the key was still held is never left without a router."""
+    started = time.monotonic()
+    routed = 0
+    holds_key = True
+    while True:
+        if holds_key:
+            wakeups.renew(_router_key(bot_id))
+        n = inbox_updates_route(bot_id)
+        routed += n
+        if n == 0:
+            if not holds_key:
+                return routed
+            wakeups.release(_router_key(bot_id))
+            holds_key = False
+            continue
+        if time.monotonic() - started > ROUTE_TIME_BUDGET_SECONDS:
+            if not holds_key:
+                inbox_router_wake(bot_id)
+            elif not _publish_router(bot_id):
+                wakeups.release(_router_key(bot_id))  # the next update's wake-up, or the sweeper
+            return routed
 
 
 def consumer_run_execute(run_pk: int) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from django.db.models import BigIntegerField, F, Q, Value
+from django.db.models import BigIntegerField, F, Q, QuerySet, Value
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
@@ -21,13 +21,20 @@ from bots.models import ChatState, ConsumerRun, InboundUpdate, RunState, UpdateS
 RUN_WAITING = [RunState.PENDING, RunState.RETRY]
 
 
-def mark_update_routed(update_id: int) -> bool:
-    """new -> done. Inside the routing transaction: False means another worker routed it."""
-    now = timezone.now()
-    n = InboundUpdate.objects.filter(pk=update_id, state=UpdateState.NEW).update(
-        state=UpdateState.DONE, processed_at=now, attempts=F("attempts") + 1, lease_owner="", lease_expires_at=None
-    )
-    return n == 1
+def take_updates_to_route(updates: QuerySet[InboundUpdate], *, limit: int) -> list[InboundUpdate]:
+    """new -> done for up to `limit` of `updates`, oldest first, skipping the rows another
+    router holds. Inside the routing transaction: the caller writes their runs in it, so an
+    update is routed exactly once, or (on a rollback or a crash) stays new."""
+    taken = list(updates.filter(state=UpdateState.NEW).select_for_update(skip_locked=True).order_by("pk")[:limit])
+    if taken:
+        InboundUpdate.objects.filter(pk__in=[u.pk for u in taken]).update(
+            state=UpdateState.DONE,
+            processed_at=timezone.now(),
+            attempts=F("attempts") + 1,
+            lease_owner="",
+            lease_expires_at=None,
+        )
+    return taken
 
 
 def claim_run(run_id: int, *, worker: str, lease: timedelta) -> bool:

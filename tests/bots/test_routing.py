@@ -1,0 +1,121 @@
+"""Coalesced routing: a burst of updates at the webhook wakes one router task per bot (not a
+task per update), the router routes the bot's new updates in batches, and nothing stored is
+ever left without a router: a key held by a lost router expires, Redis failing falls back to
+a task per update, and the sweeper still dispatches what is left."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import redis
+from django.conf import settings
+from django.db import connection, transaction
+
+from bots import services
+from bots.models import ConsumerRun, InboundUpdate, UpdateState
+from outbox import wakeups
+from reconciliation.sweeper import sweep
+from tests.bots.fakes import message_update
+from tests.outbox.helpers import limiter_redis_at
+from tests.support import queued
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def store(bot, n: int, *, chat_id: int = 500) -> None:
+    """As the webhook does: each update in its own transaction, the wake-up after commit."""
+    for i in range(n):
+        with transaction.atomic():
+            services.inbox_update_store(bot=bot, payload=message_update(chat_id=chat_id + i, text="hi", message_id=1))
+
+
+def queued_tasks() -> list[str]:
+    return [task.name for task in queued()]
+
+
+def forget_queued_tasks() -> None:
+    """A worker took the queued tasks (and this test runs them in-process)."""
+    redis.Redis.from_url(settings.REDIS_URL).delete(
+        f"{settings.DOVECOTE_REDIS_PREFIX}{settings.CELERY_TASK_DEFAULT_QUEUE}"
+    )
+
+
+def test_a_burst_of_updates_wakes_one_router_which_routes_them_all_in_batches(bot, monkeypatch) -> None:
+    monkeypatch.setattr(services, "ROUTE_BATCH_SIZE", 7)
+    store(bot, 30)
+    assert queued_tasks() == ["bots.route_bot"]
+    assert queued()[0].args == [bot.pk]
+    forget_queued_tasks()
+
+    assert services.inbox_router_run(bot.pk) == 30
+    assert not InboundUpdate.objects.filter(state=UpdateState.NEW).exists()
+    # Every update got its runs, once each; the runs went to the workers.
+    assert ConsumerRun.objects.count() == 30 * len(InboundUpdate.objects.first().runs.all())
+    assert set(queued_tasks()) == {"bots.run_consumer"}
+
+
+def test_the_router_lets_go_of_its_wake_up_when_done_so_the_next_update_wakes_one(bot) -> None:
+    store(bot, 2)
+    forget_queued_tasks()
+    assert services.inbox_router_run(bot.pk) == 2
+    forget_queued_tasks()
+
+    store(bot, 1, chat_id=900)
+    assert queued_tasks() == ["bots.route_bot"]
+
+
+def test_an_update_stored_while_the_router_still_holds_the_wake_up_is_routed_by_it(bot) -> None:
+    # The router holds the key (it is running); an update stored now publishes nothing ...
+    assert wakeups.take(wakeups.key("router", bot.pk))
+    store(bot, 1)
+    assert queued_tasks() == []
+    # ... and the running router, finding it on its way out, routes it.
+    assert services.inbox_router_run(bot.pk) == 1
+    assert InboundUpdate.objects.get().state == UpdateState.DONE
+
+
+def test_with_the_key_store_down_each_update_gets_its_own_routing_task(bot) -> None:
+    # Redis for keys unreachable while the broker works (RabbitMQ as the broker): no update
+    # waits for the sweeper.
+    with limiter_redis_at("redis://127.0.0.1:9/0"):
+        store(bot, 3)
+    assert queued_tasks() == ["bots.route_update"] * 3
+
+
+def test_updates_left_by_a_lost_router_are_dispatched_by_the_sweeper(bot, settings) -> None:
+    settings.DOVECOTE_REDISPATCH_GRACE_SECONDS = 0
+    store(bot, 3)
+    forget_queued_tasks()  # the router task is lost; its key still stands for a few seconds
+
+    assert sweep()["updates_redispatched"] == 3
+    assert queued_tasks() == ["bots.route_update"] * 3
+    for task in queued():
+        services.inbox_update_route(*task.args)
+    assert not InboundUpdate.objects.filter(state=UpdateState.NEW).exists()
+
+
+def test_two_routers_of_one_bot_route_each_update_once(bot, monkeypatch) -> None:
+    monkeypatch.setattr(services, "ROUTE_BATCH_SIZE", 3)
+    store(bot, 40)
+    forget_queued_tasks()
+    routed: list[int] = []
+
+    def router() -> None:
+        try:
+            routed.append(services.inbox_router_run(bot.pk))
+        finally:
+            connection.close()
+
+    # Two routers at once (a continuation beside a new wake-up): SKIP LOCKED keeps them apart.
+    threads = [threading.Thread(target=router) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+
+    assert sum(routed) == 40
+    assert not InboundUpdate.objects.filter(state=UpdateState.NEW).exists()
+    assert InboundUpdate.objects.filter(attempts=1).count() == 40  # each routed once
+    runs = list(ConsumerRun.objects.values_list("update_id", "consumer"))
+    assert len(runs) == len(set(runs))
