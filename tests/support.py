@@ -203,3 +203,28 @@ def point_celery_at(url: str, *, transport_options: dict | None = None, default_
     app.__dict__.pop("amqp", None)  # its queues, router and producer pool were built for the old one
     pools.reset()
     publishing.reset()
+
+
+def in_threads(n: int, target: Any, *args: Any) -> list:
+    """Run target(i, *args) in n threads released together (a barrier), each with its own
+    database connection, closed when done; returns their results in order."""
+    import threading
+
+    from django.db import connection
+
+    results: list = [None] * n
+    barrier = threading.Barrier(n)
+
+    def run(i: int) -> None:
+        try:
+            barrier.wait()
+            results[i] = target(i, *args)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return results

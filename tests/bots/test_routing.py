@@ -5,12 +5,10 @@ a task per update, and the sweeper still dispatches what is left."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 import redis
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 
 from bots import services
 from bots.models import ConsumerRun, InboundUpdate, UpdateState
@@ -18,7 +16,7 @@ from outbox import wakeups
 from reconciliation.sweeper import sweep
 from tests.bots.fakes import message_update
 from tests.outbox.helpers import limiter_redis_at
-from tests.support import queued
+from tests.support import in_threads, queued
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -99,20 +97,8 @@ def test_two_routers_of_one_bot_route_each_update_once(bot, monkeypatch) -> None
     monkeypatch.setattr(services, "ROUTE_BATCH_SIZE", 3)
     store(bot, 40)
     forget_queued_tasks()
-    routed: list[int] = []
-
-    def router() -> None:
-        try:
-            routed.append(services.inbox_router_run(bot.pk))
-        finally:
-            connection.close()
-
     # Two routers at once (a continuation beside a new wake-up): SKIP LOCKED keeps them apart.
-    threads = [threading.Thread(target=router) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
+    routed = in_threads(2, lambda i: services.inbox_router_run(bot.pk))
 
     assert sum(routed) == 40
     assert not InboundUpdate.objects.filter(state=UpdateState.NEW).exists()

@@ -3,17 +3,16 @@ and races between workers: services called in-process, the sandbox over HTTP."""
 
 from __future__ import annotations
 
-import threading
 import time
 from datetime import timedelta
 
 import pytest
-from django.db import connection
 from django.utils import timezone
 
 from outbox import services, telegram
 from outbox.models import ErrorClass, OutboundMessage, State
 from tests.outbox.helpers import drive, enqueue
+from tests.support import in_threads
 
 
 def veto_stale(message: OutboundMessage) -> str:
@@ -151,6 +150,14 @@ def test_an_unordered_message_does_not_wait_for_the_chat(bot, sandbox) -> None:
     assert sandbox.sent_texts(token=bot.token, chat_id=5) == ["independent notice", "the answer"]
 
 
+def enqueue_call(bot, chat_id: int, method: str, payload: dict, **options) -> OutboundMessage:
+    """A Bot API call that is not a message, with a key of its own."""
+    message, _ = services.outbound_message_enqueue(
+        bot_id=bot.pk, chat_id=chat_id, method=method, payload=payload, idempotency_key=f"{method}:{chat_id}", **options
+    )
+    return message
+
+
 @pytest.mark.django_db
 @pytest.mark.usefixtures("no_limits")
 def test_a_callback_answer_does_not_wait_behind_a_retrying_message_of_its_chat(bot, sandbox) -> None:
@@ -158,13 +165,7 @@ def test_a_callback_answer_does_not_wait_behind_a_retrying_message_of_its_chat(b
     # not make the button spin until it fails.
     sandbox.fault("5xx", count=1, token=bot.token)
     answer = enqueue(bot, chat_id=5, text="the answer")
-    ack, _ = services.outbound_message_enqueue(
-        bot_id=bot.pk,
-        chat_id=5,
-        method="answerCallbackQuery",
-        payload={"callback_query_id": "cb-1"},
-        idempotency_key="cb:cb-1",
-    )
+    ack = enqueue_call(bot, 5, "answerCallbackQuery", {"callback_query_id": "cb-1"})
 
     assert services.outbound_message_send(answer.pk).status == "retry"
     assert ack.ordered is False
@@ -182,9 +183,7 @@ def test_a_callback_answer_does_not_wait_behind_a_retrying_message_of_its_chat(b
 def test_a_typing_indicator_takes_no_slot_of_the_chats_message_limit(bot, sandbox) -> None:
     # One message a second in a private chat: if the typing indicator took that slot, the
     # reply it announces would wait a second behind it.
-    typing, _ = services.outbound_message_enqueue(
-        bot_id=bot.pk, chat_id=9, method="sendChatAction", payload={"action": "typing"}, idempotency_key="typing:1"
-    )
+    typing = enqueue_call(bot, 9, "sendChatAction", {"action": "typing"})
     reply = enqueue(bot, chat_id=9, text="the reply")
     assert services.outbound_message_send(typing.pk).status == "sent"
     assert services.outbound_message_send(reply.pk).status == "sent"
@@ -197,14 +196,7 @@ def test_a_typing_indicator_takes_no_slot_of_the_chats_message_limit(bot, sandbo
 @pytest.mark.django_db
 @pytest.mark.usefixtures("no_limits")
 def test_a_caller_may_still_order_a_call_that_is_not_a_message(bot) -> None:
-    typing, _ = services.outbound_message_enqueue(
-        bot_id=bot.pk,
-        chat_id=9,
-        method="sendChatAction",
-        payload={"action": "typing"},
-        idempotency_key="t",
-        ordered=True,
-    )
+    typing = enqueue_call(bot, 9, "sendChatAction", {"action": "typing"}, ordered=True)
     assert typing.ordered is True
     assert enqueue(bot, chat_id=9, text="a message").ordered is True
 
@@ -227,25 +219,6 @@ def test_a_dead_lettered_or_unknown_earlier_message_does_not_block_the_chat(bot,
 # --- races and the shared limiter (real threads, each with its own DB connection) ---------------
 
 
-def _in_threads(n: int, target, *args) -> list:
-    results: list = [None] * n
-    barrier = threading.Barrier(n)
-
-    def run(i: int) -> None:
-        try:
-            barrier.wait()
-            results[i] = target(i, *args)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    return results
-
-
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("no_limits")
 def test_two_workers_racing_for_one_message_send_it_once(bot, sandbox) -> None:
@@ -254,7 +227,7 @@ def test_two_workers_racing_for_one_message_send_it_once(bot, sandbox) -> None:
     def worker(i: int) -> list[str]:
         return [services.outbound_message_send(m.pk).status for m in messages]
 
-    statuses = _in_threads(2, worker)
+    statuses = in_threads(2, worker)
 
     sent = [s for worker_statuses in statuses for s in worker_statuses if s == "sent"]
     assert len(sent) == 10
@@ -278,7 +251,7 @@ def test_the_per_bot_limit_is_shared_by_concurrent_workers(bot_factory, sandbox)
     warm_up(bot)
     messages = [enqueue(bot, chat_id=300 + i, text=f"n{i}", ordered=False) for i in range(12)]
 
-    _in_threads(2, lambda i: [drive(m.pk)[1].state for m in messages[i::2]])
+    in_threads(2, lambda i: [drive(m.pk)[1].state for m in messages[i::2]])
 
     assert OutboundMessage.objects.filter(bot=bot, state=State.SENT).count() == 12
     calls = sandbox.calls(token=bot.token, method="sendMessage")
@@ -292,7 +265,7 @@ def test_the_per_chat_limit_is_shared_by_concurrent_workers(bot_factory, sandbox
     warm_up(bot)
     messages = [enqueue(bot, chat_id=777, text=f"n{i}", ordered=False) for i in range(3)]
 
-    _in_threads(3, lambda i: drive(messages[i].pk)[1].state)
+    in_threads(3, lambda i: drive(messages[i].pk)[1].state)
 
     calls = sorted(c["at"] for c in sandbox.calls(token=bot.token, method="sendMessage"))
     assert len(calls) == 3
