@@ -67,7 +67,7 @@ class Bot(models.Model):
         return f"<Bot {self.name}>"
 
     def clean(self) -> None:
-        from outbox.telegram import api_host_allowed
+        from outbox.botapi import api_host_allowed
 
         if self.api_base_url and not api_host_allowed(self.api_base_url):
             raise ValidationError(

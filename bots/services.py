@@ -22,7 +22,7 @@ from django.utils import timezone
 from bots import registry, transitions
 from bots.models import Bot, ConsumerRun, InboundUpdate
 from outbox import circuits, metrics, wakeups
-from outbox.logging import current_trace_id
+from outbox.logs import current_trace_id
 from outbox.models import Circuit, CircuitState, DeadLetter
 from outbox.publishing import publish
 from outbox.services import worker_id
@@ -545,7 +545,7 @@ def inbox_poll_fetch(*, bot: Bot, timeout: float = 0, limit: int = 100) -> list[
     every update below it to Telegram). Raises PollingConflict on 409."""
     from telegram import error as tg_error
 
-    from outbox import telegram
+    from outbox import botapi
 
     params: dict[str, Any] = {"offset": bot.polling_offset, "timeout": int(timeout), "limit": limit}
     allowed = registry.wanted_update_types()
@@ -554,11 +554,11 @@ def inbox_poll_fetch(*, bot: Bot, timeout: float = 0, limit: int = 100) -> list[
     read_timeout = timeout + settings.DOVECOTE_TELEGRAM_READ_TIMEOUT
 
     async def _get_updates() -> Any:
-        client = await telegram.get_bot(bot.token, bot.api_base_url)
+        client = await botapi.get_bot(bot.token, bot.api_base_url)
         return await client.do_api_request("getUpdates", api_kwargs=params, read_timeout=read_timeout)
 
     try:
-        batch = telegram.run_sync(_get_updates(), timeout=read_timeout + 10)
+        batch = botapi.run_sync(_get_updates(), timeout=read_timeout + 10)
     except tg_error.Conflict as exc:
         raise PollingConflict(str(exc)) from exc
     return [p for p in batch or [] if isinstance(p, dict) and _int64(p.get("update_id")) is not None]

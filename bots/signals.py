@@ -9,7 +9,7 @@ from typing import Any
 from celery.signals import task_postrun, task_prerun, worker_init
 
 from bots.checks import refuse_to_start_worker
-from outbox.logging import current_trace_id
+from outbox.logs import current_trace_id
 
 worker_init.connect(refuse_to_start_worker, dispatch_uid="bots.refuse_to_start_worker")
 

@@ -15,7 +15,7 @@ from django.views.decorators.csrf import csrf_exempt
 from bots.payloads import MAX_JSON_DEPTH, json_depth
 from bots.services import inbox_update_store, new_trace_id, webhook_bot
 from outbox import metrics
-from outbox.logging import current_trace_id
+from outbox.logs import current_trace_id
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from django.core.paginator import Paginator
 from django.db.models import IntegerField, QuerySet
 from django.utils.functional import cached_property
 
-from outbox.logging import redact, redact_json
+from outbox.logs import redact, redact_json
 from outbox.models import ApiClient, Attempt, Circuit, DeadLetter, Effect, ErrorClass, OutboundMessage
 
 # The permission that shows payloads in full (it lives in reconciliation; named, not imported).

@@ -35,9 +35,9 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
-from outbox import circuits, policy, ratelimit, selectors, services, telegram, transitions, wakeups
+from outbox import botapi, circuits, policy, ratelimit, selectors, services, transitions, wakeups
 from outbox.failpoints import failpoint, uncommitted
-from outbox.logging import current_trace_id
+from outbox.logs import current_trace_id
 from outbox.models import Attempt, Circuit, CircuitState, ErrorClass, OutboundMessage
 from outbox.publishing import publish
 
@@ -319,9 +319,9 @@ def _send(
     Returns until when the bot is held (time.monotonic()), or None."""
     start = time.monotonic()
     schedule = sorted(go, key=lambda item: item[1])
-    futures: dict[concurrent.futures.Future[telegram.CallOutcome], OutboundMessage] = {}
+    futures: dict[concurrent.futures.Future[botapi.CallOutcome], OutboundMessage] = {}
     attempts: dict[int, Attempt] = {}
-    pending: set[concurrent.futures.Future[telegram.CallOutcome]] = set()
+    pending: set[concurrent.futures.Future[botapi.CallOutcome]] = set()
     deadline = start
     answered = False
     sent_before = report.sent
@@ -336,7 +336,7 @@ def _send(
             failpoint("before_request")
             for message in due:
                 if message.pk in begun:
-                    future = telegram.submit(
+                    future = botapi.submit(
                         token=bot.token,
                         base_url=bot.api_base_url,
                         method=message.method,
@@ -345,7 +345,7 @@ def _send(
                     )
                     futures[future] = message
                     pending.add(future)
-            deadline = time.monotonic() + telegram.send_timeout()
+            deadline = time.monotonic() + botapi.send_timeout()
             continue
         next_slot = start + schedule[0][1] if schedule else None
         if not pending:
@@ -365,7 +365,7 @@ def _send(
             answered = True
         if not done and time.monotonic() >= deadline:
             # Our wait ran out: the requests still out may well have reached Telegram.
-            outcomes = [(futures[f], telegram.outcome_of_lost_wait(TimeoutError())) for f in pending]
+            outcomes = [(futures[f], botapi.outcome_of_lost_wait(TimeoutError())) for f in pending]
             pending = set()
         else:
             outcomes = [(futures[f], f.result()) for f in done]
@@ -412,7 +412,7 @@ def _window(
 
 
 def _record(
-    outcomes: list[tuple[OutboundMessage, telegram.CallOutcome]],
+    outcomes: list[tuple[OutboundMessage, botapi.CallOutcome]],
     attempts: dict[int, Attempt],
     *,
     worker: str,

@@ -22,9 +22,9 @@ from django.db import IntegrityError, InterfaceError, OperationalError, connecti
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from outbox import circuits, policy, ratelimit, retention, selectors, splitting, telegram, transitions
+from outbox import botapi, circuits, policy, ratelimit, retention, selectors, splitting, transitions
 from outbox.failpoints import failpoint, uncommitted
-from outbox.logging import current_trace_id
+from outbox.logs import current_trace_id
 from outbox.models import ErrorClass, OnAmbiguous, OutboundMessage, State
 from outbox.publishing import publish
 
@@ -387,7 +387,7 @@ def outbound_message_send(message_id: int, *, slot_reserved: bool = False) -> Se
     if attempt is None:
         return SendResult("lease-lost")
     failpoint("before_request")
-    outcome = telegram.call(
+    outcome = botapi.call(
         token=message.bot.token,
         base_url=message.bot.api_base_url,
         method=message.method,
@@ -436,9 +436,7 @@ def _claim(message_id: int, *, worker: str, lease: timedelta, unchanged_since: d
 ANSWERED_BY_TELEGRAM = frozenset({ErrorClass.PERMANENT, ErrorClass.MIGRATED, ErrorClass.RATE_LIMITED})
 
 
-def _record_outcome(
-    message: OutboundMessage, *, worker: str, attempt: Any, outcome: telegram.CallOutcome
-) -> SendResult:
+def _record_outcome(message: OutboundMessage, *, worker: str, attempt: Any, outcome: botapi.CallOutcome) -> SendResult:
     if outcome.ok:
         # The chat's next message comes back with the outcome's statement: no query of
         # its own, and none at all for unordered messages (broadcasts).

@@ -21,9 +21,9 @@ from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from outbox import chat_order, circuits, metrics, selectors
+from outbox.botapi import CallOutcome
 from outbox.models import Attempt, DeadLetter, ErrorClass, OutboundMessage, State
 from outbox.signals import message_ambiguous, message_dead_lettered, message_delivered_late
-from outbox.telegram import CallOutcome
 
 WAITING = [State.PENDING, State.RETRY]
 

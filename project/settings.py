@@ -348,12 +348,12 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "filters": {
-        "mask": {"()": "outbox.logging.MaskSecretsFilter"},
-        "trace": {"()": "outbox.logging.TraceIdFilter"},
+        "mask": {"()": "outbox.logs.MaskSecretsFilter"},
+        "trace": {"()": "outbox.logs.TraceIdFilter"},
     },
     "formatters": {
         "json": {
-            "()": "outbox.logging.MaskingJsonFormatter",
+            "()": "outbox.logs.MaskingJsonFormatter",
             "fmt": "%(asctime)s %(levelname)s %(name)s %(message)s %(trace_id)s",
             "rename_fields": {"asctime": "time", "levelname": "level", "name": "logger"},
         },

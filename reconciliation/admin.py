@@ -34,7 +34,7 @@ from bots.payloads import clip
 from outbox import services as outbox_services
 from outbox.admin import CappedCountPaginator, ConsumerNameFilter, OutboundMessageAdmin, RedactedFieldsMixin
 from outbox.circuits import bot_scope
-from outbox.logging import redact
+from outbox.logs import redact
 from outbox.models import DeadLetter, DeadLetterStatus, ErrorClass, OutboundMessage, State
 from reconciliation import services, triage
 from reconciliation.masking import can_view_payload, for_user, mask

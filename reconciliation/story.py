@@ -7,7 +7,7 @@ from typing import Any
 from django.db.models import Q
 
 from bots.models import ConsumerRun, InboundUpdate
-from outbox.logging import redact, redact_json
+from outbox.logs import redact, redact_json
 from outbox.models import Attempt, DeadLetter, Effect, OutboundMessage
 from reconciliation.masking import can_view_payload, for_user
 from reconciliation.models import AuditEntry, PayloadVersion, ReconciliationCase

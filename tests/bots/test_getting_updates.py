@@ -10,7 +10,7 @@ from django.core.management import CommandError, call_command
 
 from bots import registry
 from bots.models import InboundUpdate, UpdateState
-from outbox import telegram
+from outbox import botapi
 
 pytestmark = pytest.mark.django_db
 
@@ -28,7 +28,7 @@ def only_message_consumers() -> Iterator[None]:
 
 
 def webhook_info(bot) -> dict:
-    outcome = telegram.call(token=bot.token, base_url=bot.api_base_url, method="getWebhookInfo", params={})
+    outcome = botapi.call(token=bot.token, base_url=bot.api_base_url, method="getWebhookInfo", params={})
     assert outcome.ok, outcome.description
     return outcome.result
 

@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from outbox import services, telegram
+from outbox import botapi, services
 from outbox.models import ErrorClass, OutboundMessage, State
 from tests.outbox.helpers import drive, enqueue
 from tests.support import in_threads
@@ -237,7 +237,7 @@ def test_two_workers_racing_for_one_message_send_it_once(bot, sandbox) -> None:
 
 def warm_up(bot) -> None:
     """Open the bot's HTTP connection first, so that its set-up does not skew arrival times."""
-    assert telegram.call(token=bot.token, base_url=bot.api_base_url, method="getMe", params={}).ok
+    assert botapi.call(token=bot.token, base_url=bot.api_base_url, method="getMe", params={}).ok
 
 
 def _max_in_window(times: list[float], span: float) -> int:

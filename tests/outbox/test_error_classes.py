@@ -7,7 +7,7 @@ import itertools
 import pytest
 from telegram import error as tg_error
 
-from outbox import services, telegram
+from outbox import botapi, services
 from outbox.models import Circuit, CircuitState, DeadLetter, ErrorClass, OutboundMessage, State
 from reconciliation.models import ReconciliationCase
 from tests.outbox.helpers import drive, enqueue
@@ -119,7 +119,7 @@ def test_a_permanent_error_is_dead_lettered_at_once(bot, sandbox, fault, status)
     ],
 )
 def test_every_400_is_permanent_at_once_whatever_it_says(description) -> None:
-    outcome = telegram.classify(tg_error.BadRequest(description))
+    outcome = botapi.classify(tg_error.BadRequest(description))
 
     assert (outcome.error_class, outcome.http_status) == (ErrorClass.PERMANENT, 400)
 
@@ -129,7 +129,7 @@ def test_a_400_whose_body_is_not_json_is_permanent_too() -> None:
     try:
         raise tg_error.BadRequest("Bad Request (400)") from tg_error.TelegramError("Invalid server response")
     except tg_error.BadRequest as exc:
-        outcome = telegram.classify(exc)
+        outcome = botapi.classify(exc)
 
     assert outcome.error_class == ErrorClass.PERMANENT
 

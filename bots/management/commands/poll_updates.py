@@ -11,7 +11,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from bots.models import Bot
 from bots.services import PollingConflict, inbox_poll_fetch, inbox_poll_store
-from outbox import telegram
+from outbox import botapi
 
 
 class _Stop(Exception):
@@ -40,7 +40,7 @@ class Command(BaseCommand):
             raise CommandError(f"no bot named {options['name']!r}; create it with add_bot")
         timeout = max(0, min(50, options["timeout"]))
         if options["delete_webhook"]:
-            outcome = telegram.call(token=bot.token, base_url=bot.api_base_url, method="deleteWebhook", params={})
+            outcome = botapi.call(token=bot.token, base_url=bot.api_base_url, method="deleteWebhook", params={})
             if not outcome.ok:
                 raise CommandError(f"deleteWebhook failed ({outcome.error_class}): {outcome.description}")
 

@@ -5,7 +5,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from bots import registry
 from bots.models import Bot
 from bots.services import bot_webhook_secret_ensure
-from outbox import telegram
+from outbox import botapi
 
 
 class Command(BaseCommand):
@@ -33,7 +33,7 @@ class Command(BaseCommand):
         allowed = registry.wanted_update_types()
         if allowed:
             params["allowed_updates"] = allowed
-        outcome = telegram.call(token=bot.token, base_url=bot.api_base_url, method="setWebhook", params=params)
+        outcome = botapi.call(token=bot.token, base_url=bot.api_base_url, method="setWebhook", params=params)
         if not outcome.ok:
             raise CommandError(f"setWebhook failed ({outcome.error_class}): {outcome.description}")
         self.stdout.write(f"Webhook set: {url} (allowed updates: {', '.join(allowed) or 'all'})")
