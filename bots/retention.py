@@ -137,7 +137,7 @@ def tasks(now: datetime) -> list[retention.Task]:
         result.append(
             retention.Task("updates_pruned", retention.delete_step(lambda: updates_prunable_qs(ledger, boundary), "pk"))
         )
-    failed_days = retention.days_setting("DOVECOTE_FAILED_RETENTION_DAYS", 0)
+    failed_days = retention.days_setting("DOVECOTE_FAILED_RETENTION_DAYS")
     if failed_days > 0:
         failed = retention.cutoff_not_before_ledger(now, failed_days)
         failed_boundary = retention.boundary_id(InboundUpdate, "received_at", failed)
@@ -148,7 +148,7 @@ def tasks(now: datetime) -> list[retention.Task]:
                     retention.delete_step(lambda: updates_failed_prunable_qs(failed, failed_boundary), "pk"),
                 )
             )
-    chat_days = retention.days_setting("DOVECOTE_CHAT_STATE_RETENTION_DAYS", 0)
+    chat_days = retention.days_setting("DOVECOTE_CHAT_STATE_RETENTION_DAYS")
     if chat_days > 0:
         # Never inside the window a new burst gathers from, nor while dedupe rows of the
         # chat's old updates could still let one in.

@@ -6,12 +6,12 @@ closed -> open: an auth error, or FAILURES_TO_OPEN failures in a row. Attempts s
   the conditional UPDATE closed -> open decides which worker logs it.
 open -> half_open: at ``next_probe_at`` one caller wins the conditional UPDATE and sends
   a single probe; everyone else keeps waiting. The probe holds the circuit for
-  PROBE_LEASE_SECONDS, so a probe whose worker died is retried rather than orphaned.
+  DOVECOTE_CIRCUIT_PROBE_LEASE_SECONDS, so a probe whose worker died is retried rather than orphaned.
 half_open -> closed: the probe succeeded. The backlog then drains gradually (the sweeper
   releases RAMP_FIRST_BATCH, then twice as many each tick up to the rate limit; see
   `ramp_allowance`), and every job re-checks its own state before it is sent.
 half_open -> open: the probe failed; the next probe waits twice as long (up to
-  MAX_PROBE_SECONDS). Same outage: no second alert.
+  DOVECOTE_CIRCUIT_MAX_PROBE_SECONDS). Same outage: no second alert.
 A manual (operator) pause has no probe time and is lifted only by `resume`.
 """
 
@@ -30,23 +30,18 @@ from outbox.models import Circuit, CircuitState
 logger = logging.getLogger(__name__)
 
 FAILURES_TO_OPEN = 10
-# Defaults of DOVECOTE_CIRCUIT_FIRST_PROBE_SECONDS, _MAX_PROBE_SECONDS, _PROBE_LEASE_SECONDS
-# (settings, so that the fault-schedule tests can recover within seconds).
-FIRST_PROBE_SECONDS = 30.0
-MAX_PROBE_SECONDS = 600.0
-PROBE_LEASE_SECONDS = 60.0
 
 
 def _first_probe() -> float:
-    return float(getattr(settings, "DOVECOTE_CIRCUIT_FIRST_PROBE_SECONDS", FIRST_PROBE_SECONDS))
+    return float(settings.DOVECOTE_CIRCUIT_FIRST_PROBE_SECONDS)
 
 
 def _max_probe() -> float:
-    return float(getattr(settings, "DOVECOTE_CIRCUIT_MAX_PROBE_SECONDS", MAX_PROBE_SECONDS))
+    return float(settings.DOVECOTE_CIRCUIT_MAX_PROBE_SECONDS)
 
 
 def _probe_lease() -> float:
-    return float(getattr(settings, "DOVECOTE_CIRCUIT_PROBE_LEASE_SECONDS", PROBE_LEASE_SECONDS))
+    return float(settings.DOVECOTE_CIRCUIT_PROBE_LEASE_SECONDS)
 
 
 # After a circuit closes, the sweeper releases this many of its backlog in the first tick

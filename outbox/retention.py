@@ -80,11 +80,11 @@ class Task:
 
 
 def budget() -> Budget:
-    return Budget(float(getattr(settings, "DOVECOTE_RETENTION_BUDGET_SECONDS", 20.0)))
+    return Budget(float(settings.DOVECOTE_RETENTION_BUDGET_SECONDS))
 
 
 def batch_size() -> int:
-    return max(1, int(getattr(settings, "DOVECOTE_RETENTION_BATCH_SIZE", 2000)))
+    return max(1, int(settings.DOVECOTE_RETENTION_BATCH_SIZE))
 
 
 def run(tasks: Sequence[Task], budget: Budget, report: dict[str, int]) -> bool:
@@ -207,8 +207,9 @@ def ledger_cutoff(now: datetime) -> datetime:
     return now - timedelta(days=max(1, int(settings.DOVECOTE_LEDGER_RETENTION_DAYS)))
 
 
-def days_setting(name: str, default: int) -> int:
-    return int(getattr(settings, name, default))
+def days_setting(name: str) -> int:
+    """A retention setting (settings.py defines each; 0 keeps the rows)."""
+    return int(getattr(settings, name))
 
 
 def cutoff_not_before_ledger(now: datetime, days: int) -> datetime:
@@ -311,8 +312,8 @@ def tasks(now: datetime, *, keep_messages: Sequence[Exists] = (), keep_effects: 
             delete_step(lambda: effects_prunable_qs(ledger_cutoff(now), keep_effects), "created_at"),
         ),
     ]
-    finished = days_setting("DOVECOTE_OUTBOX_RETENTION_DAYS", 0)
-    failed = days_setting("DOVECOTE_FAILED_RETENTION_DAYS", 0)
+    finished = days_setting("DOVECOTE_OUTBOX_RETENTION_DAYS")
+    failed = days_setting("DOVECOTE_FAILED_RETENTION_DAYS")
     for states, days in (([State.SENT, State.CANCELLED], finished), ([State.FAILED, State.UNKNOWN], failed)):
         if days <= 0:
             continue

@@ -37,7 +37,7 @@ OPEN_MESSAGE_STATES = [State.PENDING, State.RETRY, State.SENDING]
 
 def case_cutoff(now: datetime) -> datetime | None:
     """Decided cases are kept until here; None: for ever (DOVECOTE_CASE_RETENTION_DAYS = 0)."""
-    days = retention.days_setting("DOVECOTE_CASE_RETENTION_DAYS", 0)
+    days = retention.days_setting("DOVECOTE_CASE_RETENTION_DAYS")
     return now - timedelta(days=days) if days > 0 else None
 
 
@@ -104,19 +104,19 @@ def tasks(now: datetime) -> list[retention.Task]:
     days = retention.days_setting
     if (cutoff := case_cutoff(now)) is not None:
         result += _by_id("cases_pruned", ReconciliationCase, cases_prunable_qs, cutoff)
-    if (d := days("DOVECOTE_PAYLOAD_VERSION_RETENTION_DAYS", 0)) > 0:
+    if (d := days("DOVECOTE_PAYLOAD_VERSION_RETENTION_DAYS")) > 0:
         cutoff = now - timedelta(days=d)
         result += _by_id("payload_versions_pruned", PayloadVersion, payload_versions_prunable_qs, cutoff)
-    if (d := days("DOVECOTE_BULK_RETRY_RETENTION_DAYS", 0)) > 0:
+    if (d := days("DOVECOTE_BULK_RETRY_RETENTION_DAYS")) > 0:
         result += _by_id("bulk_retries_pruned", BulkRetry, bulk_retries_prunable_qs, now - timedelta(days=d))
-    if (d := days("DOVECOTE_AUDIT_RETENTION_DAYS", 0)) > 0:
+    if (d := days("DOVECOTE_AUDIT_RETENTION_DAYS")) > 0:
         result += _by_id("audit_entries_pruned", AuditEntry, audit_entries_prunable_qs, now - timedelta(days=d))
     return result
 
 
 # --------------------------------------------------------------------------- when a pass runs
 def _redis_key() -> str:
-    return f"{getattr(settings, 'DOVECOTE_REDIS_PREFIX', '')}dovecote:sweeper:retention"
+    return f"{settings.DOVECOTE_REDIS_PREFIX}dovecote:sweeper:retention"
 
 
 def _redis() -> Any:
@@ -129,7 +129,7 @@ def retention_due() -> bool:
     """Retention is hourly work, not every tick's. A Redis key with a TTL marks "a pass
     finished everything less than an interval ago"; while it is absent every sweep runs a
     pass. Without Redis (the demo) or with Redis down, every sweep does."""
-    interval = int(getattr(settings, "DOVECOTE_RETENTION_INTERVAL_SECONDS", 3600))
+    interval = int(settings.DOVECOTE_RETENTION_INTERVAL_SECONDS)
     if interval <= 0 or not settings.REDIS_URL:
         return True
     import redis
@@ -141,7 +141,7 @@ def retention_due() -> bool:
 
 
 def _mark_finished() -> None:
-    interval = int(getattr(settings, "DOVECOTE_RETENTION_INTERVAL_SECONDS", 3600))
+    interval = int(settings.DOVECOTE_RETENTION_INTERVAL_SECONDS)
     if interval <= 0 or not settings.REDIS_URL:
         return
     import redis

@@ -295,8 +295,8 @@ def bulk_retry_start(letters: QuerySet | Iterable[int], user: Any, reason: str, 
     reason = _require(reason, "a reason")
     ids = _ids(letters)
     rates = DeadLetter.objects.filter(pk__in=ids).values_list("bot__rate_limit", flat=True).distinct()
-    tick = float(getattr(settings, "DOVECOTE_BULK_TICK_SECONDS", 1.0))
-    first = int(getattr(settings, "DOVECOTE_BULK_FIRST_BATCH", 10))
+    tick = float(settings.DOVECOTE_BULK_TICK_SECONDS)
+    first = int(settings.DOVECOTE_BULK_FIRST_BATCH)
     cap = max(1, int(min(rates, default=settings.DOVECOTE_DEFAULT_RATE_LIMIT) * tick))
     with transaction.atomic():
         bulk = BulkRetry.objects.create(

@@ -8,6 +8,7 @@ import threading
 from datetime import timedelta
 
 import pytest
+from django.conf import settings
 from django.db import connections
 from django.test import override_settings
 from django.utils import timezone
@@ -110,7 +111,7 @@ def test_a_failed_probe_reopens_for_longer_without_a_second_alert(db: None, capl
     delay = circuits.open_for_auth("consumer:crm", reason="401 again")
     circuit = Circuit.objects.get(scope="consumer:crm")
     assert circuit.state == CircuitState.OPEN
-    assert delay >= 2 * circuits.FIRST_PROBE_SECONDS
+    assert delay >= 2 * settings.DOVECOTE_CIRCUIT_FIRST_PROBE_SECONDS
     assert len(alerts(caplog)) == 1
 
 
