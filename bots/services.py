@@ -588,7 +588,3 @@ def inbox_poll_store(*, bot: Bot, batch: list[dict[str, Any]]) -> int:
     current_trace_id.set("")
     bot.polling_offset = max(bot.polling_offset, next_offset)
     return created_count
-
-
-def inbox_poll_once(*, bot: Bot, timeout: float = 0) -> int:
-    return inbox_poll_store(bot=bot, batch=inbox_poll_fetch(bot=bot, timeout=timeout))

@@ -84,12 +84,6 @@ def allow(scope: str) -> bool:
     return try_probe(scope)
 
 
-def is_open(scope: str) -> bool:
-    """The negation of `allow` (kept for callers that ask it that way): note that a False
-    may mean "you are the probe"."""
-    return not allow(scope)
-
-
 def try_probe(scope: str) -> bool:
     """open|half_open (probe due) -> half_open, won by exactly one caller."""
     now = timezone.now()

@@ -3,31 +3,17 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta
+from datetime import datetime
 from functools import cache
 
 from django.db import connection
-from django.db.models import Exists, JSONField, Model, OuterRef, QuerySet, Value
+from django.db.models import Exists, JSONField, Model, OuterRef, Value
 from django.db.models.functions import Concat
 from django.utils import timezone
 
 from outbox import chat_order, circuits
 from outbox.models import Circuit, CircuitState, OutboundMessage, State
 from outbox.splitting import MAX_PARTS, part_key
-
-
-def outbound_messages_due(*, overdue_by: timedelta = timedelta(0), limit: int = 500) -> QuerySet[OutboundMessage]:
-    """Waiting messages whose time has come (by at least `overdue_by`); uses outbox_due_idx."""
-    return OutboundMessage.objects.filter(
-        state__in=[State.PENDING, State.RETRY], next_attempt_at__lte=timezone.now() - overdue_by
-    ).order_by("next_attempt_at")[:limit]
-
-
-def outbound_messages_stuck(*, limit: int = 500) -> QuerySet[OutboundMessage]:
-    """Messages in `sending` whose worker's lease ran out; uses outbox_lease_idx."""
-    return OutboundMessage.objects.filter(state=State.SENDING, lease_expires_at__lt=timezone.now()).order_by(
-        "lease_expires_at"
-    )[:limit]
 
 
 def earlier_open_message_exists(message: OutboundMessage) -> bool:

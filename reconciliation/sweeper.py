@@ -80,10 +80,6 @@ def redispatch_grace() -> timedelta:
     return timedelta(seconds=settings.DOVECOTE_REDISPATCH_GRACE_SECONDS)
 
 
-# Kept for callers that read it (tests shift rows back by it).
-REDISPATCH_GRACE = timedelta(seconds=30)
-
-
 # --------------------------------------------------------------------------- queries
 def updates_unrouted_qs(now: datetime) -> QuerySet[InboundUpdate]:
     return InboundUpdate.objects.filter(state=UpdateState.NEW, next_attempt_at__lte=now - redispatch_grace())

@@ -66,7 +66,7 @@ def test_replay_of_a_finished_update_redelivered_by_telegram_gets_no_second_repl
 def test_an_update_stored_while_redis_was_down_is_answered_after_the_sweep(
     process_env: dict, processes: list, worker, sandbox, bot_factory
 ) -> None:
-    from reconciliation.sweeper import REDISPATCH_GRACE, sweep
+    from reconciliation.sweeper import redispatch_grace, sweep
     from tests.support import start_web
 
     bot = bot_factory()
@@ -79,7 +79,7 @@ def test_an_update_stored_while_redis_was_down_is_answered_after_the_sweep(
     assert update.state == UpdateState.NEW
 
     # The sweeper runs later; make the update look overdue instead of sleeping 30 s.
-    InboundUpdate.objects.filter(pk=update.pk).update(next_attempt_at=update.next_attempt_at - REDISPATCH_GRACE * 2)
+    InboundUpdate.objects.filter(pk=update.pk).update(next_attempt_at=update.next_attempt_at - redispatch_grace() * 2)
     report = sweep()
 
     assert report["updates_redispatched"] == 1

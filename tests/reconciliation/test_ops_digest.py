@@ -12,7 +12,7 @@ from django.core import mail
 from django.utils import timezone
 
 from outbox import circuits
-from outbox.models import DeadLetter, OutboundMessage, State
+from outbox.models import Circuit, CircuitState, DeadLetter, OutboundMessage, State
 from reconciliation import digest, sweeper
 from tests.outbox.helpers import drive, enqueue
 from tests.reconciliation.triage_helpers import failed_row
@@ -149,7 +149,7 @@ def test_a_broken_ops_bot_does_not_hold_up_the_bot_it_reports_on(bot, ops_bot, s
     (ops_message,) = digests(ops_bot)
     _, ops_message = drive(ops_message.pk)
     assert ops_message.state != State.SENT
-    assert circuits.is_open(f"bot:{ops_bot.pk}")
+    assert Circuit.objects.get(scope=circuits.bot_scope(ops_bot.pk)).state == CircuitState.OPEN
 
     _, reply = drive(enqueue(bot, chat_id=5, text="your order").pk)
     assert reply.state == State.SENT
