@@ -37,6 +37,24 @@ def take_updates_to_route(updates: QuerySet[InboundUpdate], *, limit: int) -> li
     return taken
 
 
+def make_update_due(update_id: int, *, now: datetime) -> bool:
+    """new -> new, due now (the sweeper redispatches an update whose routing was lost)."""
+    return InboundUpdate.objects.filter(pk=update_id, state=UpdateState.NEW).update(next_attempt_at=now) == 1
+
+
+def release_expired_update(update_id: int, *, now: datetime) -> bool:
+    """processing (lease expired) -> new, due now."""
+    n = InboundUpdate.objects.filter(pk=update_id, state=UpdateState.PROCESSING, lease_expires_at__lt=now).update(
+        state=UpdateState.NEW, next_attempt_at=now, lease_owner="", lease_expires_at=None
+    )
+    return n == 1
+
+
+def make_run_due(run_id: int, *, now: datetime) -> bool:
+    """pending|retry -> the same, due now (the sweeper redispatches a run whose task was lost)."""
+    return ConsumerRun.objects.filter(pk=run_id, state__in=RUN_WAITING).update(next_attempt_at=now) == 1
+
+
 def claim_run(run_id: int, *, worker: str, lease: timedelta) -> bool:
     """pending|retry -> running. False when another worker got it first or it is not due."""
     now = timezone.now()

@@ -10,7 +10,7 @@ claim and the attempt rows are two commits before any request (the sweeper's rec
 depends on it), a chat's ordered messages go one at a time, expired messages are
 cancelled, the relevance check may veto, each message goes at a rate-limit slot of its
 own after the chat's limit and the bot's window allow it, and a failed send is decided by
-`services._record_outcome` exactly as a single one is.
+`services.record_outcome` exactly as a single one is.
 
 Waking a drain is coalesced per bot: `wake()` publishes a drain task only when none is
 queued or running for that bot (a Redis key set with NX; the drain lets go of it when it
@@ -434,7 +434,7 @@ def _record(
         report.failed += 1
         report.outcomes[outcome.error_class] = report.outcomes.get(outcome.error_class, 0) + 1
         current_trace_id.set(message.trace_id)
-        result = services._record_outcome(message, worker=worker, attempt=attempts[message.pk], outcome=outcome)
+        result = services.record_outcome(message, worker=worker, attempt=attempts[message.pk], outcome=outcome)
         if result.countdown is not None:
             services.dispatch(message.pk, countdown=result.countdown, slot_reserved=result.slot_reserved)
         if outcome.error_class in _STOPS_THE_DRAIN:

@@ -93,7 +93,7 @@ def limited_chat_id(message: OutboundMessage) -> int | None:
     return message.chat_id if message.method in CREATES_MESSAGE else None
 
 
-def _validate(method: str, chat_id: Any, payload: Any, *, splittable: bool = False) -> None:
+def validate_call(method: str, chat_id: Any, payload: Any, *, splittable: bool = False) -> None:
     """Refuse what Telegram certainly would (lengths as Telegram counts them: UTF-16 units
     after entity parsing). `splittable`: an over-long sendMessage is split by the caller."""
     if method not in SUPPORTED_METHODS:
@@ -197,7 +197,7 @@ def outbound_message_enqueue(
     `ordered`: wait for the earlier messages of the chat; None means yes for messages and
     no for calls that are not messages (`NOT_A_MESSAGE`).
     """
-    _validate(method, chat_id, payload, splittable=True)
+    validate_call(method, chat_id, payload, splittable=True)
     _validate_options(
         idempotency_key=idempotency_key, send_at=send_at, expires_at=expires_at, on_ambiguous=on_ambiguous
     )
@@ -396,7 +396,7 @@ def outbound_message_send(message_id: int, *, slot_reserved: bool = False) -> Se
     )
     failpoint("after_response")
     result = with_outcome_write_retries(
-        lambda: _record_outcome(message, worker=worker, attempt=attempt, outcome=outcome), message_ids=[message.pk]
+        lambda: record_outcome(message, worker=worker, attempt=attempt, outcome=outcome), message_ids=[message.pk]
     )
     failpoint("after_record")
     return result
@@ -436,7 +436,10 @@ def _claim(message_id: int, *, worker: str, lease: timedelta, unchanged_since: d
 ANSWERED_BY_TELEGRAM = frozenset({ErrorClass.PERMANENT, ErrorClass.MIGRATED, ErrorClass.RATE_LIMITED})
 
 
-def _record_outcome(message: OutboundMessage, *, worker: str, attempt: Any, outcome: botapi.CallOutcome) -> SendResult:
+def record_outcome(message: OutboundMessage, *, worker: str, attempt: Any, outcome: botapi.CallOutcome) -> SendResult:
+    """Decide and record what Telegram's answer (or its absence) means for a claimed message:
+    sent, retry, dead letter, unknown, a circuit opened. The single send and the drain both
+    record through here, so a failure is decided the same way on either path."""
     if outcome.ok:
         # The chat's next message comes back with the outcome's statement: no query of
         # its own, and none at all for unordered messages (broadcasts).
@@ -640,7 +643,7 @@ def broadcast_enqueue(
         raise MessageRejected("chat_ids must not be empty", field="chat_ids")
     unique_chats = list(dict.fromkeys(chat_ids))
     for chat_id in unique_chats:
-        _validate(method, chat_id, payload)
+        validate_call(method, chat_id, payload)
     _validate_options(idempotency_key=broadcast_key, send_at=send_at, expires_at=expires_at, on_ambiguous=on_ambiguous)
     now = timezone.now()
     keys = {broadcast_message_key(broadcast_key, chat_id): chat_id for chat_id in unique_chats}

@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from outbox import chat_order, circuits, metrics, selectors
 from outbox.botapi import CallOutcome
-from outbox.models import Attempt, DeadLetter, ErrorClass, OutboundMessage, State
+from outbox.models import Attempt, DeadLetter, DeadLetterStatus, ErrorClass, OutboundMessage, State
 from outbox.signals import message_ambiguous, message_dead_lettered, message_delivered_late
 
 WAITING = [State.PENDING, State.RETRY]
@@ -386,6 +386,11 @@ def release(message: OutboundMessage, *, worker: str, next_attempt_at: datetime)
     return n == 1
 
 
+def make_due(message_id: int, *, now: datetime) -> bool:
+    """pending|retry -> the same, due now (the sweeper's redispatch)."""
+    return OutboundMessage.objects.filter(pk=message_id, state__in=WAITING).update(next_attempt_at=now) == 1
+
+
 def defer(message_id: int, *, until: datetime) -> bool:
     """pending|retry stays waiting, due later (a rate-limit wait beyond a short countdown):
     the row, not the broker, holds long waits, so the sweeper does not redispatch early."""
@@ -477,6 +482,23 @@ def mark_unknown(
         }
         message_ambiguous.send(sender=OutboundMessage, message=message, facts=facts)
     return True
+
+
+def replace_failed_payload(message_id: int, payload: dict[str, Any]) -> bool:
+    """failed -> failed with an operator's corrected payload (edit and retry). The send path
+    re-reads the row after its claim, so the correction is what goes out."""
+    n = OutboundMessage.objects.filter(pk=message_id, state=State.FAILED).update(
+        payload=payload, updated_at=timezone.now()
+    )
+    return n == 1
+
+
+def close_dead_letter(letter_id: int, *, status: str, note: str) -> bool:
+    """A dead letter open -> requeued | resolved | discarded, with the operator's note."""
+    n = DeadLetter.objects.filter(pk=letter_id, status=DeadLetterStatus.OPEN).update(
+        status=status, resolution_note=note[:2000], resolved_at=timezone.now()
+    )
+    return n == 1
 
 
 def cancel(message_id: int, *, reason: str, error_class: str = "") -> bool:

@@ -58,6 +58,7 @@ from django.utils import timezone
 
 from bots import registry
 from bots import services as bot_services
+from bots import transitions as bot_transitions
 from bots.models import Bot, ConsumerRun, InboundUpdate, RunState, UpdateState
 from outbox import chat_order, circuits, drain, policy, ratelimit
 from outbox import services as outbox_services
@@ -186,16 +187,12 @@ def _ids(qs: QuerySet[Any], order: str, limit: int = BATCH) -> list[int]:
 def _recover_inbox(now: datetime, report: dict[str, int]) -> None:
     # Updates stored but never routed (the publish failed or was lost).
     for pk in _ids(updates_unrouted_qs(now), "next_attempt_at"):
-        n = InboundUpdate.objects.filter(pk=pk, state=UpdateState.NEW).update(next_attempt_at=now)
-        if n and bot_services.dispatch_update(pk):
+        if bot_transitions.make_update_due(pk, now=now) and bot_services.dispatch_update(pk):
             report["updates_redispatched"] += 1
     # Updates whose router died holding them (the inbox has no such state in use today,
     # but a row left `processing` must not be stranded): back to new.
     for pk in _ids(updates_expired_qs(now), "lease_expires_at"):
-        n = InboundUpdate.objects.filter(pk=pk, state=UpdateState.PROCESSING, lease_expires_at__lt=now).update(
-            state=UpdateState.NEW, next_attempt_at=now, lease_owner="", lease_expires_at=None
-        )
-        if n and bot_services.dispatch_update(pk):
+        if bot_transitions.release_expired_update(pk, now=now) and bot_services.dispatch_update(pk):
             report["updates_released"] += 1
 
 
@@ -222,8 +219,7 @@ def _recover_runs(now: datetime, report: dict[str, int]) -> None:
             elif outcome == "dead-lettered":
                 report["runs_dead_lettered_too_old"] += 1
     for pk in _ids(runs_due_qs(now), "next_attempt_at"):
-        n = ConsumerRun.objects.filter(pk=pk, state__in=RUN_WAITING).update(next_attempt_at=now)
-        if n and bot_services.dispatch_run(pk):
+        if bot_transitions.make_run_due(pk, now=now) and bot_services.dispatch_run(pk):
             report["runs_redispatched"] += 1
 
 
@@ -258,7 +254,7 @@ def _redispatch(pks: list[int], now: datetime, *, probe: bool = False) -> int:
     sent = 0
     woken: dict[int, list[int]] = {}
     for pk in pks:
-        if not OutboundMessage.objects.filter(pk=pk, state__in=WAITING).update(next_attempt_at=now):
+        if not outbox_transitions.make_due(pk, now=now):
             continue
         if pk in bots:
             woken.setdefault(bots[pk], []).append(pk)

@@ -27,6 +27,7 @@ from bots import transitions as bot_transitions
 from bots.models import ConsumerRun, RunState
 from outbox import circuits
 from outbox import services as outbox_services
+from outbox import transitions as outbox_transitions
 from outbox.models import DeadLetter, DeadLetterStatus, Effect, EffectState, OutboundMessage, State
 from outbox.publishing import publish
 from reconciliation.models import BulkRetry, BulkState, PayloadVersion
@@ -152,7 +153,7 @@ def _save_correction(message: OutboundMessage, *, user: Any, reason: str, payloa
     """Keep the original as version 1 (once), add the correction as the next version."""
     try:
         # The outbox's own validation, so a correction cannot smuggle in what enqueue refuses.
-        outbox_services._validate(message.method, message.chat_id, payload)
+        outbox_services.validate_call(message.method, message.chat_id, payload)
     except outbox_services.MessageRejected as exc:
         raise TriageError(f"the corrected payload is refused: {exc}") from exc
     if not message.payload_versions.exists():
@@ -161,8 +162,7 @@ def _save_correction(message: OutboundMessage, *, user: Any, reason: str, payloa
     version = PayloadVersion.objects.create(
         message=message, number=number, payload=payload, author=_user(user), reason=reason
     )
-    # The send path re-reads the row after its claim, so the correction is what goes out.
-    OutboundMessage.objects.filter(pk=message.pk, state=State.FAILED).update(payload=payload, updated_at=timezone.now())
+    outbox_transitions.replace_failed_payload(message.pk, payload)
     return version
 
 
@@ -220,10 +220,8 @@ def _requeue(
             return RetryResult(SKIPPED, "the run changed meanwhile")
         transaction.on_commit(lambda: bot_services.dispatch_run(run_id))
         what = f"consumer run {run_id} ({letter.consumer}) queued again with key {letter.idempotency_key}"
-    DeadLetter.objects.filter(pk=letter.pk, status=DeadLetterStatus.OPEN).update(
-        status=DeadLetterStatus.REQUEUED,
-        resolved_at=timezone.now(),
-        resolution_note=f"requeued by {user or 'system'}: {reason}"[:2000],
+    outbox_transitions.close_dead_letter(
+        letter.pk, status=DeadLetterStatus.REQUEUED, note=f"requeued by {user or 'system'}: {reason}"
     )
     return RetryResult(REQUEUED, what)
 
@@ -233,18 +231,16 @@ def _requeue(
 
 def _close(letter: DeadLetter, *, user: Any, status: str, note: str, action: str) -> bool:
     with transaction.atomic():
-        n = DeadLetter.objects.filter(pk=letter.pk, status=DeadLetterStatus.OPEN).update(
-            status=status, resolution_note=note[:2000], resolved_at=timezone.now()
-        )
+        closed = outbox_transitions.close_dead_letter(letter.pk, status=status, note=note)
         audit_record(
             actor=user,
             action=action,
             target=_target(letter),
             reason=note,
-            outcome=status if n else "not open: nothing changed",
+            outcome=status if closed else "not open: nothing changed",
             details={"idempotency_key": letter.idempotency_key},
         )
-    return n == 1
+    return closed
 
 
 def dead_letter_resolve(letter: DeadLetter, user: Any, note: str) -> bool:
