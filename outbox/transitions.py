@@ -71,23 +71,7 @@ def begin_attempt(message: OutboundMessage, *, worker: str) -> Attempt | None:
     now = timezone.now()
     if _postgresql():
         # One statement, so one commit: the attempt count and the attempt row together.
-        _, row = _execute(
-            f"""WITH m AS (
-                  UPDATE {_MESSAGES} SET attempts = attempts + 1, updated_at = %s
-                  WHERE id = %s AND state = 'sending' AND lease_owner = %s RETURNING id, attempts
-                )
-                INSERT INTO {_ATTEMPTS} (message_id, number, worker, started_at, finished_at, outcome,
-                                         http_status, error_code, description, retry_after)
-                SELECT id, attempts, %s, %s, NULL, '', NULL, NULL, '', NULL FROM m
-                RETURNING id, number""",  # noqa: S608 - table names from _meta, values as parameters
-            [now, message.pk, worker, worker, now],
-        )
-        if row is None:
-            return None
-        message.attempts = row[1]
-        attempt = Attempt(id=row[0], message=message, number=row[1], worker=worker, started_at=now)
-        attempt._state.adding = False
-        return attempt
+        return begin_attempts([message], worker=worker).get(message.pk)
     with transaction.atomic():
         n = OutboundMessage.objects.filter(pk=message.pk, state=State.SENDING, lease_owner=worker).update(
             attempts=F("attempts") + 1, updated_at=now
