@@ -6,7 +6,7 @@ from django.db.models import IntegerField, QuerySet
 from django.utils.functional import cached_property
 
 from outbox.logs import redact, redact_json
-from outbox.models import ApiClient, Attempt, Circuit, DeadLetter, Effect, ErrorClass, OutboundMessage
+from outbox.models import ApiClient, Attempt, Circuit, Effect, ErrorClass
 
 # The permission that shows payloads in full (it lives in reconciliation; named, not imported).
 PAYLOAD_PERMISSION = "reconciliation.view_payload"
@@ -195,7 +195,7 @@ class AttemptInline(RedactedFieldsMixin, admin.TabularInline):
         return False
 
 
-@admin.register(OutboundMessage)
+# Registered by reconciliation/admin.py, which extends it (payload masking by permission).
 class OutboundMessageAdmin(ExactSearchMixin, RedactedFieldsMixin, admin.ModelAdmin):
     redacted_text_fields = ("last_error",)
     redacted_json_fields = ("result",)
@@ -236,19 +236,6 @@ class OutboundMessageAdmin(ExactSearchMixin, RedactedFieldsMixin, admin.ModelAdm
     ]
     inlines = [AttemptInline]
     # No date_hierarchy: its DATE_TRUNC queries scan the whole table on every page.
-
-
-@admin.register(DeadLetter)
-class DeadLetterAdmin(ExactSearchMixin, RedactedFieldsMixin, admin.ModelAdmin):
-    redacted_text_fields = ("first_error", "last_error")
-    list_display = ["id", "bot", "reason_class", "consumer", "chat_id", "status", "owner", "created_at"]
-    list_filter = ["status", "reason_class", "bot", ConsumerNameFilter]
-    search_fields = ["=chat_id", "=trace_id", "=idempotency_key"]
-    exact_text_fields = ("trace_id", "idempotency_key")
-    exact_int_fields = ("chat_id",)
-    list_select_related = ["bot", "owner"]
-    raw_id_fields = ["message", "consumer_run", "owner"]
-    readonly_fields = ["reason_class", "first_error", "last_error", "trace_id", "created_at", "resolved_at"]
 
 
 @admin.register(Effect)

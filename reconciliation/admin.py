@@ -938,12 +938,9 @@ class AuditEntryAdmin(admin.ModelAdmin):
         return False
 
 
-for model, model_admin in [
-    (DeadLetter, TriageDeadLetterAdmin),
-    (OutboundMessage, MaskedOutboundMessageAdmin),
-    (InboundUpdate, MaskedInboundUpdateAdmin),
-    (Bot, OperatorBotAdmin),
-]:
-    if admin.site.is_registered(model):
-        admin.site.unregister(model)
-    admin.site.register(model, model_admin)
+# The operators' admins of other apps' models, each registered once, here: the apps define
+# the base classes (bots/admin.py, outbox/admin.py) and register none of these four.
+admin.site.register(DeadLetter, TriageDeadLetterAdmin)
+admin.site.register(OutboundMessage, MaskedOutboundMessageAdmin)
+admin.site.register(InboundUpdate, MaskedInboundUpdateAdmin)
+admin.site.register(Bot, OperatorBotAdmin)
