@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextvars
+import inspect
 import logging
 import os
 import re
@@ -181,6 +182,27 @@ async def _call(
     return outcome
 
 
+# The InputMedia types a media group may hold (sendMediaGroup).
+INPUT_MEDIA_TYPES = {
+    "photo": telegram.InputMediaPhoto,
+    "video": telegram.InputMediaVideo,
+    "document": telegram.InputMediaDocument,
+    "audio": telegram.InputMediaAudio,
+    "animation": telegram.InputMediaAnimation,
+}
+
+
+def input_media(item: dict[str, Any]) -> telegram.InputMedia:
+    """One stored media-group item ({"type": "photo", "media": ..., "caption": ...}) as
+    python-telegram-bot's InputMedia; fields it does not name go along as they are."""
+    cls = INPUT_MEDIA_TYPES[item["type"]]
+    accepted = inspect.signature(cls).parameters
+    fields = {k: v for k, v in item.items() if k != "type"}
+    known = {k: v for k, v in fields.items() if k in accepted}
+    extra = {k: v for k, v in fields.items() if k not in accepted}
+    return cls(**known, api_kwargs=extra or None)
+
+
 async def _classified_call(
     token: str, base_url: str, method: str, params: dict[str, Any], timeout: float | None
 ) -> CallOutcome:
@@ -193,6 +215,9 @@ async def _classified_call(
     kwargs: dict[str, Any] = {}
     if timeout is not None:
         kwargs["read_timeout"] = timeout
+    if isinstance(params.get("media"), list):
+        # python-telegram-bot takes a media group as InputMedia objects, not as JSON.
+        params = {**params, "media": [input_media(item) for item in params["media"]]}
     try:
         result = await bot.do_api_request(method, api_kwargs=params, **kwargs)
     except tg_error.TelegramError as exc:

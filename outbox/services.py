@@ -116,7 +116,20 @@ def validate_call(method: str, chat_id: Any, payload: Any, *, splittable: bool =
         elif not splittable:
             why = "only a single message (outbound_message_enqueue) is split into parts"
             _check_length(text, payload.get("parse_mode"), limit=splitting.TEXT_LIMIT, what="text", why=why)
+    if method == "sendMediaGroup":
+        _check_media_group(payload.get("media"))
     _check_captions(method, payload)
+
+
+def _check_media_group(media: Any) -> None:
+    types = ", ".join(botapi.INPUT_MEDIA_TYPES)
+    if not isinstance(media, list) or not 2 <= len(media) <= 10:
+        raise MessageRejected("sendMediaGroup needs `media`: a list of 2-10 items", field="payload")
+    for n, item in enumerate(media, start=1):
+        if not isinstance(item, dict) or item.get("type") not in botapi.INPUT_MEDIA_TYPES:
+            raise MessageRejected(f"media item {n} needs a type: {types}", field="payload")
+        if not isinstance(item.get("media"), str) or not item["media"]:
+            raise MessageRejected(f"media item {n} needs `media`: a file id or a URL", field="payload")
 
 
 def _check_length(text: str, parse_mode: Any, *, limit: int, what: str, why: str) -> None:

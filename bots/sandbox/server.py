@@ -896,6 +896,142 @@ def _send_document(state: SandboxState, call: _Call) -> JSONDict:
     return state._create_message(call, chat, {"document": document} | _caption(call))
 
 
+# Other media: (file id prefix as Telegram's, whether it takes a caption).
+_FILE_MEDIA = {
+    "audio": ("CQACAgIAAxkDAAI", True),
+    "video": ("BAACAgIAAxkDAAI", True),
+    "voice": ("AwACAgIAAxkDAAI", True),
+    "animation": ("CgACAgIAAxkDAAI", True),
+    "sticker": ("CAACAgIAAxkDAAI", False),
+}
+
+
+def _send_file(kind: str) -> MethodImpl:
+    prefix, captioned = _FILE_MEDIA[kind]
+
+    def send(state: SandboxState, call: _Call) -> JSONDict:
+        chat = state._target_chat(call)
+        ref = _media_ref(call, kind)
+        if _is_upload(ref) or (isinstance(ref, str) and ref.startswith(("http://", "https://"))):
+            file_id, unique = _file_id(prefix)
+        else:
+            file_id, unique = str(ref), str(ref)[-8:]
+        media: JSONDict = {"file_id": file_id, "file_unique_id": unique}
+        if _upload_size(ref):
+            media["file_size"] = _upload_size(ref)
+        return state._create_message(call, chat, {kind: media} | (_caption(call) if captioned else {}))
+
+    return send
+
+
+def _number(call: _Call, name: str) -> float:
+    value = call.params.get(name)
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ApiError(400, f"Bad Request: {name} is invalid") from None
+
+
+def _send_location(state: SandboxState, call: _Call) -> JSONDict:
+    chat = state._target_chat(call)
+    location = {"latitude": _number(call, "latitude"), "longitude": _number(call, "longitude")}
+    if not (-90 <= location["latitude"] <= 90 and -180 <= location["longitude"] <= 180):
+        raise ApiError(400, "Bad Request: wrong latitude or longitude")
+    return state._create_message(call, chat, {"location": location})
+
+
+def _send_contact(state: SandboxState, call: _Call) -> JSONDict:
+    chat = state._target_chat(call)
+    phone, first_name = call.params.get("phone_number"), call.params.get("first_name")
+    if not phone or not first_name:
+        raise ApiError(400, "Bad Request: phone number and first name are required")
+    contact = {"phone_number": str(phone), "first_name": str(first_name)}
+    if call.params.get("last_name"):
+        contact["last_name"] = str(call.params["last_name"])
+    return state._create_message(call, chat, {"contact": contact})
+
+
+_DICE = {"🎲": 6, "🎯": 6, "🎳": 6, "🏀": 5, "⚽": 5, "🎰": 64}
+
+
+def _send_dice(state: SandboxState, call: _Call) -> JSONDict:
+    chat = state._target_chat(call)
+    emoji = call.params.get("emoji") or "🎲"
+    if emoji not in _DICE:
+        raise ApiError(400, "Bad Request: invalid dice emoji specified")
+    return state._create_message(call, chat, {"dice": {"emoji": emoji, "value": secrets.randbelow(_DICE[emoji]) + 1}})
+
+
+def _send_poll(state: SandboxState, call: _Call) -> JSONDict:
+    chat = state._target_chat(call)
+    question, options = call.params.get("question"), call.params.get("options")
+    if not isinstance(question, str) or not question.strip():
+        raise ApiError(400, "Bad Request: poll question must be non-empty")
+    if not isinstance(options, list) or not 2 <= len(options) <= 10:
+        raise ApiError(400, "Bad Request: poll must have 2-10 options")
+    poll = {
+        "id": str(secrets.randbits(63)),
+        "question": question,
+        "options": [{"text": o.get("text", "") if isinstance(o, dict) else str(o), "voter_count": 0} for o in options],
+        "total_voter_count": 0,
+        "is_closed": False,
+        "is_anonymous": call.params.get("is_anonymous", True) is not False,
+        "type": call.params.get("type") or "regular",
+        "allows_multiple_answers": bool(call.params.get("allows_multiple_answers")),
+    }
+    return state._create_message(call, chat, {"poll": poll})
+
+
+def _send_media_group(state: SandboxState, call: _Call) -> list[JSONDict]:
+    chat = state._target_chat(call)
+    media = call.params.get("media")
+    if not isinstance(media, list) or not 2 <= len(media) <= 10:
+        raise ApiError(400, "Bad Request: wrong number of messages in the media group (2-10)")
+    group_id = str(secrets.randbits(63))
+    messages = []
+    for item in media:
+        kind = item.get("type") if isinstance(item, dict) else None
+        if kind not in ("photo", "video", "document", "audio") or not item.get("media"):
+            raise ApiError(400, "Bad Request: wrong media in the media group")
+        file_id, unique = _file_id(_FILE_MEDIA.get(kind, ("AgACAgIAAxkDAAI", True))[0])
+        content: JSONDict = {kind: {"file_id": file_id, "file_unique_id": unique}, "media_group_id": group_id}
+        caption = _checked_text(item.get("caption"), caption=True, parse_mode=item.get("parse_mode"))
+        if caption:
+            content["caption"] = caption
+        messages.append(state._create_message(call, chat, content))
+    return messages
+
+
+def _edit_message_caption(state: SandboxState, call: _Call) -> JSONDict | bool:
+    caption = _checked_text(call.params.get("caption"), caption=True, parse_mode=call.params.get("parse_mode"))
+    if call.params.get("inline_message_id"):
+        return True
+    stored = state._find_message(call, "message to edit not found")
+    if not stored.outgoing:
+        raise ApiError(400, "Bad Request: message can't be edited")
+    if "text" in stored.message:
+        raise ApiError(400, "Bad Request: there is no caption in the message to edit")
+    message = dict(stored.message, edit_date=int(time.time()))
+    message.pop("caption", None)
+    if caption:
+        message["caption"] = caption
+    stored.message, stored.edited = message, True
+    return dict(message)
+
+
+def _pin_chat_message(state: SandboxState, call: _Call) -> bool:
+    state._find_message(call, "message to pin not found")
+    return True
+
+
+def _unpin_chat_message(state: SandboxState, call: _Call) -> bool:
+    if call.params.get("message_id") is not None:
+        state._find_message(call, "message to unpin not found")
+    else:
+        state._target_chat(call)
+    return True
+
+
 _CONTENT_KEYS = ("text", "entities", "photo", "document", "caption", "caption_entities")
 
 
@@ -1110,6 +1246,19 @@ _METHODS: dict[str, tuple[str, MethodImpl]] = {
         ("sendMessage", _send_message),
         ("sendPhoto", _send_photo),
         ("sendDocument", _send_document),
+        ("sendAudio", _send_file("audio")),
+        ("sendVideo", _send_file("video")),
+        ("sendVoice", _send_file("voice")),
+        ("sendAnimation", _send_file("animation")),
+        ("sendSticker", _send_file("sticker")),
+        ("sendLocation", _send_location),
+        ("sendContact", _send_contact),
+        ("sendDice", _send_dice),
+        ("sendPoll", _send_poll),
+        ("sendMediaGroup", _send_media_group),
+        ("editMessageCaption", _edit_message_caption),
+        ("pinChatMessage", _pin_chat_message),
+        ("unpinChatMessage", _unpin_chat_message),
         ("copyMessage", _copy_message),
         ("forwardMessage", _forward_message),
         ("editMessageText", _edit_message_text),
