@@ -227,6 +227,15 @@ async def _classified_call(
         if outcome.error_class == ErrorClass.TRANSIENT and outcome.http_status and outcome.error_code is None:
             outcome.error_code = outcome.http_status
         return outcome
+    except (TypeError, ValueError, AttributeError, KeyError) as exc:
+        # Not a Telegram error: python-telegram-bot wraps every network failure in one; these
+        # come from building the request out of the payload (nothing was sent). The same
+        # payload would fail again: permanent, with the reason, instead of a worker crash
+        # that the sweeper could only call `unknown`.
+        logger.warning("the %s call could not be made: %r", method, exc)
+        return CallOutcome(
+            ok=False, error_class=ErrorClass.PERMANENT, description=f"the call could not be made: {exc!r}"[:2000]
+        )
     return CallOutcome(ok=True, result=result, http_status=200)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from outbox import services
-from outbox.models import OutboundMessage, State
+from outbox.models import DeadLetter, OutboundMessage, State
 from tests.outbox.helpers import drive
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_limits")]
@@ -103,3 +103,17 @@ def test_a_media_group_the_bot_api_would_refuse_is_refused_at_enqueue(bot, media
             bot_id=bot.pk, chat_id=CHAT, method="sendMediaGroup", payload={"media": media}, idempotency_key="group"
         )
     assert not OutboundMessage.objects.exists()
+
+
+def test_a_payload_python_telegram_bot_cannot_send_is_a_dead_letter_not_a_crash(bot, sandbox) -> None:
+    # An extra `media` string makes python-telegram-bot fail while building the request: it
+    # crashed the worker after the attempt began, and the sweeper could only call it unknown.
+    message, _ = services.outbound_message_enqueue(
+        bot_id=bot.pk, chat_id=CHAT, method="sendPhoto", payload={"photo": "x", "media": "abc"}, idempotency_key="odd"
+    )
+    _, message = drive(message.pk)
+    assert message.state == State.FAILED
+    assert message.last_error_class == "permanent"
+    assert "could not be made" in message.last_error
+    assert DeadLetter.objects.filter(message=message).exists()
+    assert sandbox.calls(token=bot.token) == []
