@@ -181,7 +181,10 @@ def test_a_broadcast_of_a_long_text_is_refused_not_split(bot) -> None:
         ("sendPhoto", {"photo": "file-1", "caption": "x" * 1025}),
         ("sendDocument", {"document": "file-1", "caption": "😀" * 513}),  # 1,026 UTF-16 units
         ("editMessageCaption", {"message_id": 5, "caption": "x" * 1025}),
-        ("sendMediaGroup", {"media": [{"type": "photo", "media": "f", "caption": "x" * 1025}]}),
+        (
+            "sendMediaGroup",
+            {"media": [{"type": "photo", "media": "f", "caption": "x" * 1025}, {"type": "photo", "media": "g"}]},
+        ),
     ],
 )
 def test_a_caption_over_1024_utf16_units_is_rejected(bot, method, payload) -> None:
