@@ -242,17 +242,10 @@ def inbox_router_wake(bot_id: int, update_pk: int | None = None) -> bool:
     burst of updates at the webhook publishes one task. Never raises. Without the wake-up
     key (the demo, or Redis failing) the update gets a routing task of its own; when the
     broker is down too, it stays new in its row and the sweeper dispatches it."""
-    if not router_coalesced():
+    woken = wakeups.wake(_router_key(bot_id), lambda: _publish_router(bot_id)) if router_coalesced() else None
+    if woken is None:
         return dispatch_update(update_pk) if update_pk is not None else False
-    taken = wakeups.take(_router_key(bot_id))
-    if taken is None:
-        return dispatch_update(update_pk) if update_pk is not None else False
-    if not taken:
-        return True  # the queued or running router will see the update
-    if _publish_router(bot_id):
-        return True
-    wakeups.release(_router_key(bot_id))
-    return False
+    return woken
 
 
 def _publish_router(bot_id: int) -> bool:
@@ -281,10 +274,7 @@ def inbox_router_run(bot_id: int) -> int:
             holds_key = False
             continue
         if time.monotonic() - started > ROUTE_TIME_BUDGET_SECONDS:
-            if not holds_key:
-                inbox_router_wake(bot_id)
-            elif not _publish_router(bot_id):
-                wakeups.release(_router_key(bot_id))  # the next update's wake-up, or the sweeper
+            wakeups.hand_over(_router_key(bot_id), lambda: _publish_router(bot_id), holds_key=holds_key)
             return routed
 
 

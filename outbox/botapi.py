@@ -215,10 +215,10 @@ async def _classified_call(
     kwargs: dict[str, Any] = {}
     if timeout is not None:
         kwargs["read_timeout"] = timeout
-    if isinstance(params.get("media"), list):
-        # python-telegram-bot takes a media group as InputMedia objects, not as JSON.
-        params = {**params, "media": [input_media(item) for item in params["media"]]}
     try:
+        if isinstance(params.get("media"), list):
+            # python-telegram-bot takes a media group as InputMedia objects, not as JSON.
+            params = {**params, "media": [input_media(item) for item in params["media"]]}
         result = await bot.do_api_request(method, api_kwargs=params, **kwargs)
     except tg_error.TelegramError as exc:
         outcome = classify(exc)

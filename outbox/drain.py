@@ -82,22 +82,13 @@ def wake(bot_id: int, *, countdown: float = 0.0) -> bool:
     expires (wakeups.KEY_TTL_MS); until then wake-ups, the sweeper's too, trust it. The
     sweeper's next tick wakes a new one: recovery never starts a second pacer for a bot
     whose drain is alive."""
-    taken = wakeups.take(_wake_key(bot_id), countdown=countdown)
-    if taken is None:
-        return False
-    if not taken:
-        return True  # the queued or running drain will see the message
-    if _publish(bot_id, countdown=countdown):
-        return True
-    wakeups.release(_wake_key(bot_id))
-    return False
+    return wakeups.wake(_wake_key(bot_id), lambda: _publish(bot_id, countdown=countdown), countdown=countdown) is True
 
 
 def _fan_out(bot_id: int) -> None:
     """One more drain of this bot, beside the one that holds the wake-up key, while the bot
     has room: at most one queued at a time (its own key, deleted as it starts)."""
-    if wakeups.take(_extra_key(bot_id)) and not _publish(bot_id, extra=True):
-        wakeups.release(_extra_key(bot_id))
+    wakeups.wake(_extra_key(bot_id), lambda: _publish(bot_id, extra=True))
 
 
 def _publish(bot_id: int, countdown: float = 0.0, *, extra: bool = False) -> bool:
@@ -209,12 +200,9 @@ def outbound_messages_drain(bot_id: int, *, batch_size: int | None = None, extra
 def _continue(bot_id: int, countdown: float, *, holds_key: bool) -> None:
     """The drain's continuation: it inherits the wake-up key (kept alive until it runs), or,
     from a drain without the key, it is an ordinary wake-up."""
-    if not holds_key:
-        wake(bot_id, countdown=countdown)
-        return
-    wakeups.renew(_wake_key(bot_id), countdown=countdown)
-    if not _publish(bot_id, countdown=countdown):
-        wakeups.release(_wake_key(bot_id))
+    wakeups.hand_over(
+        _wake_key(bot_id), lambda: _publish(bot_id, countdown=countdown), holds_key=holds_key, countdown=countdown
+    )
 
 
 def _drop_expired_and_vetoed(

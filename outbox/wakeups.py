@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 
 import redis
 from django.conf import settings
@@ -39,6 +40,32 @@ def take(name: str, *, countdown: float = 0.0) -> bool | None:
     except redis.RedisError as exc:
         logger.warning("could not set %s: %s", name, exc)
         return None
+
+
+def wake(name: str, publish: Callable[[], bool], *, countdown: float = 0.0) -> bool | None:
+    """Publish the task (after `countdown`) unless one is queued or running. True: a task
+    is coming; False: the publish failed (the key is let go, so the next wake-up tries
+    again); None: Redis failed, nothing was published, the caller decides the fallback."""
+    taken = take(name, countdown=countdown)
+    if taken is None:
+        return None
+    if not taken:
+        return True  # the queued or running task will see the work
+    if publish():
+        return True
+    release(name)
+    return False
+
+
+def hand_over(name: str, publish: Callable[[], bool], *, holds_key: bool, countdown: float = 0.0) -> None:
+    """A task's continuation: it inherits the key (kept alive until it runs), or, from a
+    task that no longer holds it, it is an ordinary wake-up."""
+    if not holds_key:
+        wake(name, publish, countdown=countdown)
+        return
+    renew(name, countdown=countdown)
+    if not publish():
+        release(name)  # the next wake-up, or the sweeper
 
 
 def renew(name: str, *, countdown: float = 0.0) -> None:
