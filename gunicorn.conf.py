@@ -29,18 +29,10 @@ def on_starting(server: object) -> None:
     from project.failclosed import load_settings_or_exit
 
     load_settings_or_exit()
-    # Multiprocess metrics (PROMETHEUS_MULTIPROC_DIR): files left by an earlier run would be
-    # summed into this one's counters. Before anything imports prometheus_client here.
-    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
-    if path:
-        os.makedirs(path, exist_ok=True)
-        for name in os.listdir(path):
-            if name.endswith(".db"):
-                os.remove(os.path.join(path, name))
 
 
-def child_exit(server: object, worker: object) -> None:
-    """A worker exited: its live-gauge files go; its counters stay in the sum."""
-    from outbox.metrics import mark_process_dead
+def worker_exit(server: object, worker: object) -> None:
+    """A worker exits (in the worker): ship its last second of counts (outbox/metrics.py)."""
+    from outbox.metrics import ship
 
-    mark_process_dead(worker.pid)  # type: ignore[attr-defined]
+    ship()

@@ -38,7 +38,6 @@ os.environ.update(
     ALLOWED_HOSTS="testserver",
     LOG_LEVEL="WARNING",
 )
-os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
 
 
 def admin_sql(statement: str) -> None:

@@ -2,35 +2,41 @@
 dependency order (reconciliation -> bots -> outbox), so every app records without importing
 upward.
 
-With PROMETHEUS_MULTIPROC_DIR set (before this module is imported), prometheus-client writes
-each process's samples to files in that directory and /metrics sums them: every gunicorn
-worker and every Celery prefork child counts. Unset, the registry is the process's own (the
-default for `manage.py runserver` and the tests that record in-process).
+Each process counts in its own prometheus-client registry, and a thread ships what it
+counted since the last shipment to one Redis hash every second (`ship`): every gunicorn
+worker and every Celery child, on any host or dyno, adds into the same totals, and
+`/metrics` on any web process reads them. A Procfile platform's worker dynos cannot be
+scraped and share no disk with web, so per-host sums (prometheus-client's multiprocess
+directory) would leave the sends, retries and dead letters they count out of every
+alert. What a process counted while Redis was away is shipped when it answers again; if
+Redis itself restarts empty, the totals start again from zero, which Prometheus's rate()
+and increase() read as a counter reset. Without REDIS_URL, /metrics shows the answering
+process's own counts.
 
 Labels are bounded: bot names, method names, error classes, consumer names; never chat ids.
 """
 
 from __future__ import annotations
 
+import atexit
+import json
+import logging
 import os
-from collections.abc import Iterable
+import threading
+import time
+from collections.abc import Iterable, Iterator
 from typing import Any
 
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Histogram,
-    disable_created_metrics,
-    generate_latest,
-    multiprocess,
-)
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+logger = logging.getLogger(__name__)
 
 # `_created` series double the output and no rule or panel reads them.
 disable_created_metrics()
 
-if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-    # A Celery worker may start before the web master has made it.
-    os.makedirs(os.environ["PROMETHEUS_MULTIPROC_DIR"], exist_ok=True)
+SHIP_SECONDS = 1.0
 
 UPDATES = Counter(
     "dovecote_updates_received",
@@ -107,23 +113,190 @@ def observe_replies(message_ids: Iterable[int]) -> None:
         REPLY_SECONDS.observe(max(0.0, (sent_at - received_at).total_seconds()))
 
 
+COUNTED = (
+    UPDATES,
+    CONSUMER_RUNS,
+    SENDS,
+    RETRIES,
+    DEAD_LETTERS,
+    CASES_OPENED,
+    WEBHOOK_SECONDS,
+    BOT_API_SECONDS,
+    REPLY_SECONDS,
+)
+
+
+def _shared_key() -> str:
+    from django.conf import settings
+
+    return f"{settings.DOVECOTE_REDIS_PREFIX}dovecote:metrics"
+
+
+def _redis() -> Any:
+    from project import connections
+
+    return connections.redis_client(timeout=0.5)
+
+
+_FIELDS: dict[tuple[str, str, tuple[tuple[str, str], ...]], str] = {}
+
+
+def _field(family: str, sample: str, labels: dict[str, str]) -> str:
+    """The hash field of one sample (remembered: the label sets are bounded)."""
+    key = (family, sample, tuple(labels.items()))
+    field = _FIELDS.get(key)
+    if field is None:
+        field = _FIELDS[key] = json.dumps([family, sample, labels], sort_keys=True, separators=(",", ":"))
+    return field
+
+
+class Shipper:
+    """This process's counts, added to the shared Redis hash as the change since the last
+    shipment. One MULTI/EXEC per shipment, so a failed one adds nothing and the next one
+    carries its change too."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.shipped: dict[str, float] = {}
+        self.client: Any = None
+
+    def snapshot(self) -> dict[str, float]:
+        values: dict[str, float] = {}
+        for metric in COUNTED:
+            for family in metric.collect():
+                for sample in family.samples:
+                    values[_field(family.name, sample.name, sample.labels)] = sample.value
+        return values
+
+    def redis(self) -> Any:
+        """This process's client (a scrape reads through it too: no new connection each time)."""
+        if self.client is None:
+            self.client = _redis()
+        return self.client
+
+    def ship(self) -> bool:
+        """Add what changed since the last shipment; False (and kept for the next one) when
+        Redis does not answer or none is configured."""
+        from django.conf import settings
+
+        if not settings.configured or not settings.REDIS_URL:
+            return False
+        with self.lock:
+            snapshot = self.snapshot()
+            # A new series ships even at 0: the first error of an outage is then an increase.
+            changed = {k: v - self.shipped.get(k, 0.0) for k, v in snapshot.items() if self.shipped.get(k) != v}
+            if not changed:
+                return True
+            import redis
+
+            try:
+                pipe = self.redis().pipeline(transaction=True)
+                key = _shared_key()
+                for field, change in changed.items():
+                    pipe.hincrbyfloat(key, field, change)
+                pipe.execute()
+            except (redis.RedisError, OSError) as exc:
+                logger.debug("metrics not shipped, kept for the next try: %s", exc)
+                return False
+            self.shipped.update(snapshot)
+            return True
+
+    def forked(self) -> None:
+        """In a new child (a prefork or gunicorn worker): what the parent counted is the
+        parent's to ship, so the child starts from it; and a fresh lock and connection."""
+        self.lock = threading.Lock()
+        self.client = None
+        self.shipped = self.snapshot()
+
+
+SHIPPER = Shipper()
+
+
+def ship() -> bool:
+    """Ship this process's counts now (a process about to exit, a scrape, a test)."""
+    try:
+        return SHIPPER.ship()
+    except Exception:
+        logger.exception("metrics not shipped")
+        return False
+
+
+def _ship_every_second() -> None:
+    while True:
+        time.sleep(SHIP_SECONDS)
+        ship()
+
+
+def _start_shipping() -> None:
+    threading.Thread(target=_ship_every_second, name="dovecote-metrics", daemon=True).start()
+
+
+def _child_after_fork() -> None:
+    SHIPPER.forked()
+    _start_shipping()
+
+
+# A fork while the shipping thread holds a metric's lock would hand the child a lock that
+# nobody releases: fork only between shipments.
+os.register_at_fork(
+    before=lambda: SHIPPER.lock.acquire(),
+    after_in_parent=lambda: SHIPPER.lock.release(),
+    after_in_child=_child_after_fork,
+)
+atexit.register(ship)
+_start_shipping()
+
+
+class SharedCounts(Collector):
+    """The totals every process has shipped, read from the shared hash at scrape time."""
+
+    def __init__(self, fields: dict[bytes, bytes]) -> None:
+        self.fields = fields
+
+    def collect(self) -> Iterator[Metric]:
+        by_family: dict[str, list[tuple[str, dict[str, str], float]]] = {}
+        for raw, value in self.fields.items():
+            family, sample, labels = json.loads(raw)
+            by_family.setdefault(family, []).append((sample, labels, float(value)))
+        for metric in COUNTED:
+            for local in metric.describe():
+                family = Metric(local.name, local.documentation, local.type)
+                samples = by_family.get(local.name, [])
+                # Each label set's histogram samples together, buckets in order of `le`.
+                samples.sort(key=_sample_order)
+                for sample, labels, value in samples:
+                    family.add_sample(sample, labels, value)
+                yield family
+
+
+def _sample_order(sample: tuple[str, dict[str, str], float]) -> tuple:
+    name, labels, _ = sample
+    rest = sorted((k, v) for k, v in labels.items() if k != "le")
+    le = float(labels["le"]) if "le" in labels else 0.0
+    return (rest, name.endswith("_bucket") is False, le, name)
+
+
+def _counted() -> Iterable[Collector]:
+    """Every process's totals from Redis; this process's own without Redis. A scrape while
+    Redis is away omits the counters (a gap, not a wrong value) and keeps the gauges."""
+    from django.conf import settings
+
+    if not settings.REDIS_URL:
+        return COUNTED
+    import redis
+
+    ship()
+    try:
+        return [SharedCounts(SHIPPER.redis().hgetall(_shared_key()))]
+    except (redis.RedisError, OSError) as exc:
+        logger.warning("/metrics without counters: Redis does not answer (%s)", exc)
+        return []
+
+
 def exposition(extra: Iterable[Any] = ()) -> bytes:
-    """The text format for /metrics: this process's (or, in multiprocess mode, every live and
-    dead process's) samples, plus the collectors in `extra` (current-state gauges)."""
+    """The text format for /metrics: the counters and histograms of every process, plus the
+    collectors in `extra` (current-state gauges)."""
     registry = CollectorRegistry()  # no auto_describe: it would collect (query) twice
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        multiprocess.MultiProcessCollector(registry)
-    else:
-        for collector in (UPDATES, CONSUMER_RUNS, SENDS, RETRIES, DEAD_LETTERS, CASES_OPENED):
-            registry.register(collector)
-        for collector in (WEBHOOK_SECONDS, BOT_API_SECONDS, REPLY_SECONDS):
-            registry.register(collector)
-    for collector in extra:
+    for collector in [*_counted(), *extra]:
         registry.register(collector)
     return generate_latest(registry)
-
-
-def mark_process_dead(pid: int) -> None:
-    """A gunicorn worker or Celery child exited: drop its live-gauge files (counters stay)."""
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        multiprocess.mark_process_dead(pid)

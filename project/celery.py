@@ -27,15 +27,12 @@ def close_old_connections(**kwargs: Any) -> None:
     django_close_old_connections()
 
 
-@worker_process_shutdown.connect(dispatch_uid="project.metrics_process_dead")
-def metrics_process_dead(pid: int | None = None, **kwargs: Any) -> None:
-    """A prefork child exits: with PROMETHEUS_MULTIPROC_DIR its live-gauge files go; its
-    counters stay in the sum that /metrics reads."""
-    import os
+@worker_process_shutdown.connect(dispatch_uid="project.metrics_ship")
+def metrics_ship(**kwargs: Any) -> None:
+    """A prefork child exits (without running atexit): ship its last second of counts."""
+    from outbox.metrics import ship
 
-    from outbox.metrics import mark_process_dead
-
-    mark_process_dead(pid or os.getpid())
+    ship()
 
 
 def _survive_a_lost_redis_on_restore() -> None:

@@ -66,8 +66,8 @@ def _metrics_refused(request: HttpRequest) -> HttpResponse | None:
 
 
 def metrics(request: HttpRequest) -> HttpResponse:
-    """Prometheus text format: the counters and histograms of every process sharing
-    PROMETHEUS_MULTIPROC_DIR (outbox/metrics.py), plus the current-state gauges
+    """Prometheus text format: the counters and histograms every process shipped to Redis
+    (outbox/metrics.py), plus the current-state gauges
     (reconciliation/metrics.py), read with a fixed number of queries."""
     refused = _metrics_refused(request)
     if refused is not None:

@@ -3,6 +3,10 @@ path, PostgreSQL and the sandbox; a scrape costs a fixed number of queries."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+
 import pytest
 from django.db import connection
 from django.test import Client
@@ -11,13 +15,14 @@ from prometheus_client import REGISTRY
 
 from bots import services as bot_services
 from bots.models import ConsumerRun, InboundUpdate
+from outbox import metrics
 from outbox.models import OutboundMessage, State
 from outbox.services import outbound_message_enqueue, outbound_message_send
 from tests.bots.test_webhook import SECRET_HEADER, message_update
 from tests.conftest import make_bot
 from tests.reconciliation.test_cases import lost_answer
 from tests.reconciliation.triage_helpers import failed_by_sandbox
-from tests.support import METRICS_AUTH
+from tests.support import METRICS_AUTH, base_env
 
 pytestmark = pytest.mark.django_db
 
@@ -117,6 +122,61 @@ def test_a_lost_answer_counts_an_ambiguous_send_and_an_opened_case(bot, sandbox)
     ):
         lost_answer(bot, sandbox)
     assert (cases.by, ambiguous.by) == (1, 1)
+
+
+def scraped(text: str, sample: str) -> float:
+    """A sample's value in /metrics text, 0 when absent."""
+    for line in text.splitlines():
+        if line.startswith(sample + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+LETTERS = 'dovecote_dead_letters_total{kind="consumer_run",reason="expired"}'
+
+
+def test_counts_of_another_process_reach_this_ones_metrics_through_redis_once(bot) -> None:
+    """A worker on another dyno shares no directory with web: what it counts reaches /metrics
+    through Redis. Here a separate Python process counts 2, forks a child that counts 1,
+    and both exit: the total moves by 3 (the parent's unshipped 2 are not shipped twice)."""
+    _, before = _scrape()
+    program = textwrap.dedent(
+        """
+        import os, django
+        django.setup()
+        from outbox import metrics
+        letters = metrics.DEAD_LETTERS.labels(kind="consumer_run", reason="expired")
+        letters.inc(2)
+        pid = os.fork()
+        if pid == 0:
+            letters.inc()
+            metrics.ship()
+            os._exit(0)
+        os.waitpid(pid, 0)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", program], env=base_env(), capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr.decode()
+
+    _, after = _scrape()
+    assert scraped(after, LETTERS) - scraped(before, LETTERS) == 3
+
+
+def test_counts_made_while_redis_is_away_are_shipped_when_it_answers(bot) -> None:
+    import redis
+
+    _, before = _scrape()
+    metrics.ship()
+    metrics.DEAD_LETTERS.labels(kind="consumer_run", reason="expired").inc()
+    metrics.SHIPPER.client = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)  # nothing listens
+    try:
+        assert metrics.ship() is False
+    finally:
+        metrics.SHIPPER.client = None
+    assert metrics.ship() is True
+
+    _, after = _scrape()
+    assert scraped(after, LETTERS) - scraped(before, LETTERS) == 1
 
 
 def _scrape() -> tuple[int, str]:
