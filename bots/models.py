@@ -53,6 +53,12 @@ class Bot(models.Model):
     polling_offset = models.BigIntegerField(
         default=0, help_text="Next getUpdates offset for poll_updates (development without a public URL)."
     )
+    ops_chat_id = models.BigIntegerField(
+        null=True,
+        blank=True,
+        help_text="A Telegram chat that gets the ops digest of this bot alone (its dead letters, cases and "
+        "circuit), sent by the DOVECOTE_OPS_BOT bot; empty: only the global ops chat hears of it.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -503,6 +503,7 @@ def add_bot(
     api_base_url: str | None = None,
     responder: str | None = None,
     rate_limit: int | None = None,
+    ops_chat_id: int | None = None,
 ) -> tuple[Bot, bool]:
     """Create or update a bot (idempotent). Raises ValidationError on bad input."""
     bot = Bot.objects.filter(name=name).first()
@@ -521,6 +522,8 @@ def add_bot(
         bot.responder = responder
     if rate_limit is not None:
         bot.rate_limit = rate_limit
+    if ops_chat_id is not None:
+        bot.ops_chat_id = ops_chat_id
     bot.full_clean(validate_unique=False)
     bot.save()
     return bot, created

@@ -10,6 +10,10 @@ previous digest, not by the clock's windows (claimed in Redis atomically, so two
 send one; the outbox key `ops-digest:<kind>:<window>`, the claim's second, makes a retried
 digest one message); whatever happens after a kind's digest waits for the next one.
 
+A bot can also name its own ops chat (`Bot.ops_chat_id`, in the admin): that chat gets a
+digest of that bot's trouble alone, sent by the same ops bot with the same throttle (its own
+window per bot and kind), so a client's operators hear about their bot and nothing else.
+
 The ops bot never reports on itself: its own dead letters, cases and circuit are left out,
 so a failing ops bot cannot feed an endless digest about its failures. Its messages are
 unordered outbox messages of its own bot: when it fails (token refused, circuit open) they
@@ -48,6 +52,7 @@ class Digest:
     counts: dict[str, int]
     text: str
     window: int  # the second its digest was claimed at
+    bot_id: int | None = None  # the bot a bot's own ops chat hears about; None: every bot
 
 
 def window_minutes() -> int:
@@ -76,24 +81,33 @@ def enabled() -> bool:
 # --- counting ---------------------------------------------------------------------------
 
 
-def count(kind: str, since: datetime, until: datetime, *, ops_bot: int | None) -> dict[str, int]:
-    """What happened in [since, until), leaving out the ops bot's own trouble."""
+def count(
+    kind: str, since: datetime, until: datetime, *, ops_bot: int | None, bot_id: int | None = None
+) -> dict[str, int]:
+    """What happened in [since, until), leaving out the ops bot's own trouble; only bot
+    `bot_id`'s when given."""
     if kind == "dead_letters":
         rows = DeadLetter.objects.filter(created_at__gte=since, created_at__lt=until)
         if ops_bot is not None:
             rows = rows.exclude(bot_id=ops_bot)
+        if bot_id is not None:
+            rows = rows.filter(bot_id=bot_id)
         by_reason = rows.values("reason_class").annotate(n=Count("id")).order_by("-n", "reason_class")
         return {row["reason_class"]: row["n"] for row in by_reason}
     if kind == "cases":
         cases = ReconciliationCase.objects.filter(created_at__gte=since, created_at__lt=until)
         if ops_bot is not None:
             cases = cases.exclude(message__bot_id=ops_bot)
+        if bot_id is not None:
+            cases = cases.filter(message__bot_id=bot_id)
         n = cases.count()
         return {"opened": n} if n else {}
     if kind == "circuits":
         circuits = Circuit.objects.all()
         if ops_bot is not None:
             circuits = circuits.exclude(scope=bot_scope(ops_bot))
+        if bot_id is not None:
+            circuits = circuits.filter(scope=bot_scope(bot_id))
         opened = circuits.filter(opened_at__gte=since, opened_at__lt=until).exclude(state=CircuitState.CLOSED)
         closed = circuits.filter(
             state=CircuitState.CLOSED, opened_at__isnull=False, updated_at__gte=since, updated_at__lt=until
@@ -108,8 +122,9 @@ def count(kind: str, since: datetime, until: datetime, *, ops_bot: int | None) -
     raise ValueError(f"unknown digest kind {kind!r}")
 
 
-def render(kind: str, counts: dict[str, int], *, minutes: int) -> str:
-    head = f"Dovecote ops digest (last {minutes} min or since the previous one)"
+def render(kind: str, counts: dict[str, int], *, minutes: int, bot: str | None = None) -> str:
+    about = f" for bot {bot}" if bot else ""
+    head = f"Dovecote ops digest{about} (last {minutes} min or since the previous one)"
     if kind == "dead_letters":
         total = sum(counts.values())
         lines = [f"{total} new dead letter{'s' if total != 1 else ''}:"]
@@ -132,14 +147,19 @@ def _key(*parts: object) -> str:
     return f"{settings.DOVECOTE_REDIS_PREFIX}dovecote:ops-digest:" + ":".join(str(p) for p in parts)
 
 
-def _since(kind: str, now: datetime) -> datetime:
-    value = ratelimit.redis_client().get(_key(kind, "since"))
+def _stream(kind: str, bot_id: int | None) -> tuple[str, ...]:
+    """The Redis key parts of one digest stream: a kind, for every bot or for one bot's chat."""
+    return (kind,) if bot_id is None else (kind, f"bot{bot_id}")
+
+
+def _since(stream: tuple[str, ...], now: datetime) -> datetime:
+    value = ratelimit.redis_client().get(_key(*stream, "since"))
     if value is None:
         return now - timedelta(minutes=window_minutes())
     return datetime.fromtimestamp(float(value), tz=UTC)
 
 
-# Claim the kind's next digest at `now` when its previous one is at least a window old: one
+# Claim the stream's next digest at `now` when its previous one is at least a window old: one
 # step, so two sweepers (two beat instances) cannot both claim it.
 _CLAIM_LUA = """
 local last = redis.call('GET', KEYS[1])
@@ -149,63 +169,89 @@ return 1
 """
 
 
-def claim_key(kind: str) -> str:
-    return _key(kind, "last")
+def claim_key(kind: str, bot_id: int | None = None) -> str:
+    return _key(*_stream(kind, bot_id), "last")
 
 
-def _claim(kind: str, now: datetime) -> int | None:
-    """The claimed digest's second, or None while the kind's previous digest is too recent."""
+def _claim(kind: str, bot_id: int | None, now: datetime) -> int | None:
+    """The claimed digest's second, or None while the stream's previous digest is too recent."""
     stamp = int(now.timestamp())
     seconds = window_minutes() * 60
-    claimed = ratelimit.redis_client().eval(_CLAIM_LUA, 1, claim_key(kind), stamp, seconds, seconds * 2)
+    claimed = ratelimit.redis_client().eval(_CLAIM_LUA, 1, claim_key(kind, bot_id), stamp, seconds, seconds * 2)
     return stamp if claimed else None
 
 
-def _advance(kind: str, until: datetime) -> None:
-    ratelimit.redis_client().set(_key(kind, "since"), until.timestamp())
+def _advance(stream: tuple[str, ...], until: datetime) -> None:
+    ratelimit.redis_client().set(_key(*stream, "since"), until.timestamp())
 
 
 # --- sending ----------------------------------------------------------------------------
 
 
+def _gather(kind: str, now: datetime, ops_bot: int | None, bot: tuple[int, str] | None = None) -> Digest | None:
+    """The stream's digest if something happened since its last one and its window is free.
+    Nothing new moves the stream's cursor on; a window still taken keeps the counts for the
+    next digest."""
+    bot_id, bot_name = bot if bot else (None, None)
+    stream = _stream(kind, bot_id)
+    counts = count(kind, _since(stream, now), now, ops_bot=ops_bot, bot_id=bot_id)
+    if not counts:
+        _advance(stream, now)
+        return None
+    window = _claim(kind, bot_id, now)
+    if window is None:
+        return None
+    text = render(kind, counts, minutes=window_minutes(), bot=bot_name)
+    return Digest(kind, counts, text, window, bot_id)
+
+
 def flush(now: datetime) -> list[Digest]:
-    """Send what each kind has gathered since its last digest, if its window is free.
-    Called by the sweeper; never raises for a channel's failure."""
-    if not enabled():
-        return []
-    ops_bot = ops_bot_id()
+    """Send what each kind has gathered since its last digest, if its window is free: to the
+    global channels, then to each bot's own ops chat. Called by the sweeper; never raises for
+    a channel's failure."""
+    from bots.models import Bot
+
     sent = []
-    for kind in KINDS:
-        since = _since(kind, now)
-        counts = count(kind, since, now, ops_bot=ops_bot)
-        if not counts:
-            _advance(kind, now)
-            continue
-        window = _claim(kind, now)
-        if window is None:
-            continue  # this kind's previous digest is too recent: the counts wait for the next
-        digest = Digest(kind, counts, render(kind, counts, minutes=window_minutes()), window)
-        _to_telegram(digest, ops_bot)
-        ops_digest.send_robust(sender=None, kind=kind, counts=counts, text=digest.text, window=window)
-        _advance(kind, now)
-        sent.append(digest)
+    ops_bot = ops_bot_id() if settings.DOVECOTE_OPS_BOT else None
+    if enabled():
+        chat = int(settings.DOVECOTE_OPS_CHAT_ID) if settings.DOVECOTE_OPS_CHAT_ID else None
+        for kind in KINDS:
+            digest = _gather(kind, now, ops_bot)
+            if digest is None:
+                continue
+            _to_telegram(digest, ops_bot, chat)
+            ops_digest.send_robust(sender=None, kind=kind, counts=digest.counts, text=digest.text, window=digest.window)
+            _advance(_stream(kind, None), now)
+            sent.append(digest)
+    if ops_bot is None:
+        return sent
+    own_chats = Bot.objects.filter(ops_chat_id__isnull=False).exclude(pk=ops_bot)
+    for bot_id, name, chat in own_chats.values_list("pk", "name", "ops_chat_id"):
+        for kind in KINDS:
+            digest = _gather(kind, now, ops_bot, (bot_id, name))
+            if digest is None:
+                continue
+            _to_telegram(digest, ops_bot, chat)
+            _advance(_stream(kind, bot_id), now)
+            sent.append(digest)
     return sent
 
 
-def _to_telegram(digest: Digest, ops_bot: int | None) -> None:
-    if ops_bot is None or not settings.DOVECOTE_OPS_CHAT_ID:
-        if settings.DOVECOTE_OPS_BOT:
+def _to_telegram(digest: Digest, ops_bot: int | None, chat: int | None) -> None:
+    if ops_bot is None or chat is None:
+        if settings.DOVECOTE_OPS_BOT and ops_bot is None:
             logger.warning("ops digest: no bot named %r", settings.DOVECOTE_OPS_BOT)
         return
     from outbox.services import outbound_message_enqueue
 
+    about = "" if digest.bot_id is None else f"bot{digest.bot_id}:"
     try:
         with transaction.atomic():
             outbound_message_enqueue(
                 bot_id=ops_bot,
-                chat_id=int(settings.DOVECOTE_OPS_CHAT_ID),
+                chat_id=chat,
                 payload={"text": digest.text},
-                idempotency_key=f"ops-digest:{digest.kind}:{digest.window}",
+                idempotency_key=f"ops-digest:{digest.kind}:{about}{digest.window}",
                 # Unordered: a digest the ops bot cannot send holds up no later digest.
                 ordered=False,
             )

@@ -38,6 +38,13 @@ def test_add_bot_is_idempotent_and_updates_what_is_given() -> None:
     assert (bot.webhook_secret, bot.responder, bot.api_base_url) == ("first", "none", "http://127.0.0.1:8081")
 
 
+def test_add_bot_names_the_bots_own_ops_chat_and_refuses_one_that_is_not_a_number() -> None:
+    run("add_bot", "shop", "--token", TOKEN, "--ops-chat-id", "-1001234567890")
+    assert Bot.objects.get(name="shop").ops_chat_id == -1001234567890
+    with pytest.raises(CommandError, match="--ops-chat-id"):
+        run("add_bot", "shop", "--token", TOKEN, "--ops-chat-id", "ops")
+
+
 def test_add_bot_never_prints_the_token() -> None:
     assert TOKEN not in run("add_bot", "shop", "--token", TOKEN)
 

@@ -156,3 +156,53 @@ def test_a_broken_ops_bot_does_not_hold_up_the_bot_it_reports_on(bot, ops_bot, s
     assert sandbox.sent_texts(token=bot.token) == ["your order"]
     # The next window's flush runs and adds nothing about the ops bot's own trouble.
     assert digest.flush(timezone.now() + timedelta(minutes=5)) == []
+
+
+def texts_to(sandbox, ops, chat: int) -> list[str]:
+    for message in digests(ops):
+        drive(message.pk)
+    return [
+        call["params"]["text"]
+        for call in sandbox.calls(token=ops.token, method="sendMessage")
+        if call["params"]["chat_id"] == chat
+    ]
+
+
+def test_a_bots_own_ops_chat_hears_of_that_bot_alone_once_per_window(bot_factory, ops_bot, sandbox) -> None:
+    client_chat = 555001
+    client = bot_factory(name="clientbot", ops_chat_id=client_chat)
+    other = bot_factory(name="otherbot")
+    failed_row(client, reason_class="permanent")
+    failed_row(other, reason_class="transient")
+    now = timezone.now()
+    digest.flush(now)
+    failed_row(client, reason_class="permanent")
+    digest.flush(now + timedelta(seconds=30))  # the bot's chat window is taken: it waits
+
+    (own,) = texts_to(sandbox, ops_bot, client_chat)
+    assert "for bot clientbot" in own
+    assert "1 new dead letter:" in own
+    assert "permanent: 1" in own
+    assert "transient" not in own  # the other bot's trouble is not this client's
+    (everything,) = texts_to(sandbox, ops_bot, OPS_CHAT)
+    assert "permanent: 1" in everything
+    assert "transient: 1" in everything
+
+    digest.flush(now + timedelta(minutes=5))
+    later = texts_to(sandbox, ops_bot, client_chat)
+    assert len(later) == 2
+    assert "permanent: 1" in later[1]
+
+
+def test_a_bots_own_ops_chat_works_without_a_global_chat_and_hears_of_its_circuit(
+    bot_factory, ops_bot, sandbox, settings
+) -> None:
+    settings.DOVECOTE_OPS_CHAT_ID = ""
+    client_chat = 555002
+    client = bot_factory(name="clientbot2", ops_chat_id=client_chat)
+    circuits.open_for_auth(circuits.bot_scope(client.pk), reason="token refused")
+    digest.flush(timezone.now() + timedelta(seconds=1))
+
+    (text,) = texts_to(sandbox, ops_bot, client_chat)
+    assert f"circuits opened: 1 ({circuits.bot_scope(client.pk)})" in text
+    assert texts_to(sandbox, ops_bot, OPS_CHAT) == []

@@ -19,6 +19,9 @@ class Command(BaseCommand):
         parser.add_argument("--api-base-url", help="Bot API root for this bot (a local Bot API server or the sandbox).")
         parser.add_argument("--responder", choices=[r.value for r in Responder], help="Who writes auto-replies.")
         parser.add_argument("--rate-limit", type=int, metavar="MSGS_PER_SEC", help="Messages per second for this bot.")
+        parser.add_argument(
+            "--ops-chat-id", type=int, metavar="CHAT_ID", help="A chat that gets this bot's own ops digest."
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["rate_limit"] is not None and not 1 <= options["rate_limit"] <= 1000:
@@ -32,6 +35,7 @@ class Command(BaseCommand):
                 api_base_url=options["api_base_url"],
                 responder=options["responder"],
                 rate_limit=options["rate_limit"],
+                ops_chat_id=options["ops_chat_id"],
             )
         except ValidationError as exc:
             messages = "; ".join(f"{field}: {' '.join(errs)}" for field, errs in exc.message_dict.items())
