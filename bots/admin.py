@@ -83,7 +83,7 @@ class BotForm(forms.ModelForm):
         return self.cleaned_data.get("webhook_secret") or (self.instance.webhook_secret if self.instance.pk else "")
 
 
-# Registered by reconciliation/admin.py, which extends it (pause and resume, audit).
+# Registered by reconciliation/admin/other_apps.py, which extends it (pause and resume, audit).
 class BotAdmin(admin.ModelAdmin):
     form = BotForm
     list_display = ["name", "is_active", "responder", "rate_limit", "api_base_url", "created_at"]
@@ -107,7 +107,7 @@ class BotAdmin(admin.ModelAdmin):
         return secret_hint(obj.webhook_secret)
 
 
-# Registered by reconciliation/admin.py, which extends it (payload masking by permission).
+# Registered by reconciliation/admin/other_apps.py, which extends it (payload masking by permission).
 class InboundUpdateAdmin(ExactSearchMixin, RedactedFieldsMixin, admin.ModelAdmin):
     redacted_text_fields = ("last_error",)
     list_display = ["id", "bot", "update_id", "update_type", "chat_id", "state", "received_at", "processed_at"]

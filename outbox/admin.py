@@ -195,7 +195,7 @@ class AttemptInline(RedactedFieldsMixin, admin.TabularInline):
         return False
 
 
-# Registered by reconciliation/admin.py, which extends it (payload masking by permission).
+# Registered by reconciliation/admin/other_apps.py, which extends it (payload masking by permission).
 class OutboundMessageAdmin(ExactSearchMixin, RedactedFieldsMixin, admin.ModelAdmin):
     redacted_text_fields = ("last_error",)
     redacted_json_fields = ("result",)

@@ -13,7 +13,8 @@ from bots.models import Bot
 from outbox.circuits import parse_scope
 from outbox.models import Circuit
 from reconciliation import triage
-from reconciliation.admin import ReasonForm, confirm_page
+from reconciliation.admin.confirm import confirm_page
+from reconciliation.admin.forms import ReasonForm
 from reconciliation.dashboard import dashboard_charts, dashboard_numbers
 
 DASHBOARD_PERMISSION = "reconciliation.view_dashboard"
