@@ -3,6 +3,7 @@ from typing import Any
 from django.contrib import admin
 from django.core.paginator import Paginator
 from django.db.models import IntegerField, QuerySet
+from django.http import HttpRequest
 from django.utils.functional import cached_property
 
 from outbox.logs import redact, redact_json
@@ -14,6 +15,19 @@ PAYLOAD_PERMISSION = "reconciliation.view_payload"
 
 def sees_payloads(request) -> bool:
     return bool(request is not None and request.user.has_perm(PAYLOAD_PERMISSION))
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """A record the admin shows and never writes: no add, change or delete, for anyone."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
 
 
 class RedactedFieldsMixin:
@@ -255,22 +269,13 @@ class EffectAdmin(RedactedFieldsMixin, admin.ModelAdmin):
 
 
 @admin.register(Circuit)
-class CircuitAdmin(admin.ModelAdmin):
+class CircuitAdmin(ReadOnlyAdmin):
     """Read-only: an operator opens or closes a circuit with Pause and Resume on the bot's
     page, which ask for a reason and write the audit log; a bare edit here would not."""
 
     list_display = ["scope", "state", "manual", "consecutive_failures", "opened_at", "next_probe_at"]
     list_filter = ["state", "manual"]
     readonly_fields = ["state", "consecutive_failures", "opened_at", "next_probe_at", "updated_at"]
-
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
 
 
 @admin.register(ApiClient)

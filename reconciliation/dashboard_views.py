@@ -15,10 +15,10 @@ from outbox.models import Circuit
 from reconciliation import triage
 from reconciliation.admin.confirm import confirm_page
 from reconciliation.admin.forms import ReasonForm
+from reconciliation.admin.permissions import PAUSE_PERMISSION
 from reconciliation.dashboard import dashboard_charts, dashboard_numbers
 
 DASHBOARD_PERMISSION = "reconciliation.view_dashboard"
-PAUSE_PERMISSION = "reconciliation.pause_circuit"
 
 
 def _bot_id(request: HttpRequest) -> int | None:

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.contrib import admin
-from django.http import HttpRequest
 from django.utils.text import Truncator
 
+from outbox.admin import ReadOnlyAdmin
 from reconciliation.models import AuditEntry
 
 
 @admin.register(AuditEntry)
-class AuditEntryAdmin(admin.ModelAdmin):
+class AuditEntryAdmin(ReadOnlyAdmin):
     list_display = ["created_at", "actor", "action", "target", "reason_short", "outcome"]
     list_filter = ["action", ("actor", admin.RelatedOnlyFieldListFilter)]
     search_fields = ["target", "reason", "outcome"]
@@ -23,12 +21,3 @@ class AuditEntryAdmin(admin.ModelAdmin):
     @admin.display(description="reason")
     def reason_short(self, obj: AuditEntry) -> str:
         return Truncator(obj.reason).chars(60)
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False

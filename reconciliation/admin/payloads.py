@@ -11,6 +11,7 @@ from django.http import HttpRequest
 from django.utils.html import format_html
 
 from bots.payloads import clip
+from outbox.admin import ReadOnlyAdmin
 from reconciliation.masking import can_view_payload, mask
 from reconciliation.models import PayloadVersion
 
@@ -35,7 +36,7 @@ def payload_for(obj: Any, payload: Any) -> str:
 
 
 @admin.register(PayloadVersion)
-class PayloadVersionAdmin(admin.ModelAdmin):
+class PayloadVersionAdmin(ReadOnlyAdmin):
     list_display = ["message", "number", "author", "reason", "created_at"]
     raw_id_fields = ["message"]
     fields = ["message", "number", "author", "reason", "created_at", "payload_view"]
@@ -47,12 +48,3 @@ class PayloadVersionAdmin(admin.ModelAdmin):
     @admin.display(description="payload")
     def payload_view(self, obj: PayloadVersion) -> str:
         return payload_for(obj, obj.payload)
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
