@@ -20,6 +20,8 @@ import time
 
 import _common as c
 
+from outbox import dispatch
+
 DB = "dovecote_bench"
 
 
@@ -102,7 +104,7 @@ def main() -> None:
         worker = procs[-1]
         cpu_before = c.cpu_snapshot({"sandbox": sandbox.pid, "worker": worker.pid})
         for pk in ids:
-            services.dispatch(pk, bot_id=bot.pk)  # as outbound_message_enqueue does after its commit
+            dispatch.dispatch(pk, bot_id=bot.pk)  # as outbound_message_enqueue does after its commit
         c.wait_until(
             lambda: OutboundMessage.objects.filter(pk__in=ids, state=State.SENT).count() == len(ids),
             600,

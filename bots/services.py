@@ -25,7 +25,7 @@ from outbox import circuits, metrics, wakeups
 from outbox.logs import current_trace_id
 from outbox.models import Circuit, CircuitState, DeadLetter
 from outbox.publishing import publish
-from outbox.services import worker_id
+from outbox.workers import worker_id
 
 logger = logging.getLogger(__name__)
 

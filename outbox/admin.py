@@ -95,7 +95,7 @@ def fixed_filter(field_name: str, choices: Any, title: str | None = None) -> typ
 
 
 def _methods() -> list[tuple[str, str]]:
-    from outbox.services import SUPPORTED_METHODS
+    from outbox.methods import SUPPORTED_METHODS
 
     return [(m, m) for m in sorted(SUPPORTED_METHODS)]
 

@@ -17,9 +17,10 @@ def longest_send_seconds() -> float:
     """How long a worker may hold a claimed message: the drain's wait for the batch's
     rate-limit slots, the worker's own wait for the answer (connect + twice the read timeout
     + slack, after which it records `unknown` itself) and recording the outcome."""
-    from outbox import botapi, drain
+    from outbox import botapi
+    from outbox.sending import batch
 
-    return drain.SLOT_HORIZON_SECONDS + botapi.send_timeout() + RECORD_MARGIN_SECONDS
+    return batch.SLOT_HORIZON_SECONDS + botapi.send_timeout() + RECORD_MARGIN_SECONDS
 
 
 @register("dovecote")

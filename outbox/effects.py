@@ -83,7 +83,7 @@ class EffectHandle:
 
 
 def _worker() -> str:
-    from outbox.services import worker_id
+    from outbox.workers import worker_id
 
     return worker_id()
 

@@ -10,8 +10,8 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from outbox import selectors
+from outbox.methods import SUPPORTED_METHODS
 from outbox.models import Attempt, OnAmbiguous, OutboundMessage
-from outbox.services import SUPPORTED_METHODS
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_BROADCAST_CHATS = 10_000

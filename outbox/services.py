@@ -1,39 +1,27 @@
-"""Outbox services: enqueue a message, send it, cancel it, resend it.
-
-The send path never holds a transaction across the HTTP call:
-claim (commit) -> attempt row (commit) -> request -> outcome and new state (commit).
-A redelivered task is harmless because the send starts with `claim()`.
-"""
+"""The outbox's public API: validate a call, enqueue a message or a broadcast, cancel,
+resend, and the keys that make each of them idempotent. Sending is outbox/sending/, handing
+rows to workers outbox/dispatch.py."""
 
 from __future__ import annotations
 
 import hashlib
 import logging
-import os
-import socket
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, InterfaceError, OperationalError, connection, transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
-from django.utils.module_loading import import_string
 
-from outbox import botapi, circuits, policy, ratelimit, retention, selectors, splitting, transitions
-from outbox.failpoints import failpoint, uncommitted
+from outbox import botapi, policy, ratelimit, retention, selectors, splitting, transitions
+from outbox.dispatch import dispatch, kick_chat
 from outbox.logs import current_trace_id
-from outbox.models import ErrorClass, OnAmbiguous, OutboundMessage, State
-from outbox.publishing import publish
+from outbox.methods import CREATES_MESSAGE, SUPPORTED_METHODS, ordered_by_default
+from outbox.models import OnAmbiguous, OutboundMessage
 
 logger = logging.getLogger(__name__)
-
-
-def worker_id() -> str:
-    # Recomputed after fork: prefork children must not share their parent's id.
-    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 class MessageRejected(ValueError):
@@ -43,54 +31,6 @@ class MessageRejected(ValueError):
     def __init__(self, message: str, *, field: str = "payload") -> None:
         super().__init__(message)
         self.field = field
-
-
-SUPPORTED_METHODS = frozenset(
-    {
-        "sendMessage",
-        "sendPhoto",
-        "sendDocument",
-        "sendVideo",
-        "sendAudio",
-        "sendVoice",
-        "sendAnimation",
-        "sendSticker",
-        "sendLocation",
-        "sendContact",
-        "sendPoll",
-        "sendDice",
-        "sendChatAction",
-        "sendMediaGroup",
-        "editMessageText",
-        "editMessageCaption",
-        "editMessageReplyMarkup",
-        "deleteMessage",
-        "answerCallbackQuery",
-        "copyMessage",
-        "forwardMessage",
-        "pinChatMessage",
-        "unpinChatMessage",
-    }
-)
-# Calls that are not messages: they need not wait behind a chat's messages (a callback
-# answer expires within seconds, a typing indicator announces the reply queued after it),
-# so they are unordered by default, and they take no slot of the chat's message limit.
-NOT_A_MESSAGE = frozenset({"sendChatAction", "answerCallbackQuery"})
-# Methods that put a new message in a chat, and so count against the flood limits.
-CREATES_MESSAGE = frozenset(
-    m for m in SUPPORTED_METHODS if m.startswith(("send", "copy", "forward")) and m not in NOT_A_MESSAGE
-)
-
-
-def ordered_by_default(method: str) -> bool:
-    """Whether a call waits for the earlier messages of its chat unless told otherwise."""
-    return method not in NOT_A_MESSAGE
-
-
-def limited_chat_id(message: OutboundMessage) -> int | None:
-    """The chat whose flood limit this send counts against: None for calls that put no new
-    message in a chat (edits, deletions, callback answers)."""
-    return message.chat_id if message.method in CREATES_MESSAGE else None
 
 
 def validate_call(method: str, chat_id: Any, payload: Any, *, splittable: bool = False) -> None:
@@ -270,281 +210,6 @@ def outbound_message_enqueue(
     return message, created
 
 
-def dispatch(
-    message_id: int,
-    *,
-    bot_id: int | None = None,
-    countdown: float = 0.0,
-    slot_reserved: bool = False,
-    bulk: bool = False,
-) -> bool:
-    """Hand a message to a worker. Failure to publish is logged, never raised: the row is
-    committed and the sweeper dispatches whatever is overdue. `bulk` (broadcasts) uses the
-    bulk queue, so that replies to people are not stuck behind thousands of notifications.
-
-    Given its `bot_id`, a message due now wakes the bot's batched drain (outbox/drain.py)
-    instead of getting a task of its own; a wait, a reserved slot or a broadcast keeps the
-    one-message task."""
-    if countdown > policy.MAX_BROKER_COUNTDOWN_SECONDS:
-        return False  # the sweeper picks it up when due
-    if bot_id is not None and countdown <= 0 and not slot_reserved and not bulk:
-        from outbox import drain
-
-        if drain.enabled():
-            return drain.wake(bot_id)
-    from outbox.tasks import send_outbound_message
-
-    kwargs: dict[str, Any] = {"slot_reserved": True} if slot_reserved else {}
-    task: Any = send_outbound_message
-    if bulk:
-        kwargs["bulk"] = True
-        task = send_outbound_message.signature(queue=settings.CELERY_TASK_QUEUE_BULK)
-    return publish(task, (message_id,), kwargs, countdown=countdown, what=f"message {message_id}")
-
-
-@dataclass(frozen=True)
-class SendResult:
-    """What happened to a send, and when (if at all) the task should run again."""
-
-    status: str
-    countdown: float | None = None
-    slot_reserved: bool = False
-
-
-def _relevance_veto(message: OutboundMessage) -> str:
-    path = settings.DOVECOTE_RELEVANCE_CHECK
-    if not path:
-        return ""
-    check = import_string(path)
-    return check(message) or ""
-
-
-EXPIRED_REASON = "expired: not sent before expires_at"
-
-
-def cancel_reason(message: OutboundMessage, *, now: datetime) -> tuple[str, str] | None:
-    """Why a claimed message must be cancelled rather than sent: (reason, error class) when
-    it expired or the relevance check vetoes it, else None."""
-    if message.expires_at and message.expires_at <= now:
-        return EXPIRED_REASON, ErrorClass.EXPIRED
-    veto = _relevance_veto(message)
-    if veto:
-        return f"not relevant: {veto}", "vetoed"
-    return None
-
-
-# A deferral longer than this is also written to the row (next_attempt_at), so the sweeper
-# does not take the message for lost and dispatch it a second time meanwhile.
-DEFER_IN_ROW_AFTER_SECONDS = 5.0
-
-
-def outbound_message_send(message_id: int, *, slot_reserved: bool = False) -> SendResult:
-    """Send one outbound message, at most once per claim. Safe to call any number of times.
-
-    `slot_reserved`: this call comes back at a rate-limit slot reserved for it earlier.
-    """
-    worker = worker_id()
-    now = timezone.now()
-    message = selectors.outbound_message_for_send(message_id, now=now)
-    if message is None or message.state not in (State.PENDING, State.RETRY):
-        return SendResult("not-waiting")
-    current_trace_id.set(message.trace_id)
-    if message.next_attempt_at > now:
-        # Not this call's turn: a slot reserved for it stays reserved.
-        return SendResult("not-due", (message.next_attempt_at - now).total_seconds(), slot_reserved=slot_reserved)
-    if message.expires_at and message.expires_at <= now:
-        if transitions.cancel(message.pk, reason=EXPIRED_REASON, error_class=ErrorClass.EXPIRED):
-            _kick_chat(message)
-        return SendResult("expired")
-    if message.ordered and message.blocked:
-        # An earlier message to this chat goes first; it kicks this one when it is done.
-        # Checked before the circuit, so that a blocked message never spends the probe.
-        return SendResult("waiting-for-earlier")
-    if message.circuit_not_closed and not circuits.try_probe(circuits.bot_scope(message.bot_id)):
-        # The bot's circuit is open (auth failure or operator pause), or another worker is
-        # sending the one half-open probe: keep the queue; the sweeper releases it later.
-        return SendResult("circuit-open")
-    wait = ratelimit.acquire(
-        bot_id=message.bot_id,
-        bot_rate=message.bot.rate_limit,
-        chat_id=limited_chat_id(message),
-        slot_reserved=slot_reserved,
-    )
-    if wait.seconds > 0:
-        # Waiting for a slot is not an attempt and does not hold a worker.
-        if wait.beyond_horizon or wait.seconds > DEFER_IN_ROW_AFTER_SECONDS:
-            transitions.defer(message.pk, until=now + timedelta(seconds=wait.seconds))
-        if wait.beyond_horizon:
-            return SendResult("rate-limited")  # the sweeper dispatches it when due
-        return SendResult("rate-limited", wait.seconds, slot_reserved=wait.slot_reserved)
-
-    lease = timedelta(seconds=settings.DOVECOTE_SEND_LEASE_SECONDS)
-    # The claim also checks that nobody changed the row since it was read (updated_at), so
-    # the row in hand is what gets sent; otherwise claim as usual and read it again.
-    if not _claim(message.pk, worker=worker, lease=lease, unchanged_since=message.updated_at):
-        if not _claim(message.pk, worker=worker, lease=lease):
-            return SendResult("claimed-elsewhere")
-        failpoint("after_claim")
-        message = OutboundMessage.objects.select_related("bot").get(pk=message.pk)
-    else:
-        failpoint("after_claim")
-        message.state, message.lease_owner = State.SENDING, worker
-
-    stop = cancel_reason(message, now=now)  # expiry was checked before the claim: a veto
-    if stop:
-        transitions.cancel_claimed(message, worker=worker, reason=stop[0], error_class=stop[1])
-        _kick_chat(message)
-        return SendResult("vetoed")
-
-    attempt = transitions.begin_attempt(message, worker=worker)
-    if attempt is None:
-        return SendResult("lease-lost")
-    failpoint("before_request")
-    outcome = botapi.call(
-        token=message.bot.token,
-        base_url=message.bot.api_base_url,
-        method=message.method,
-        params={"chat_id": message.chat_id, **message.payload},
-        bot_name=message.bot.name,
-    )
-    failpoint("after_response")
-    result = with_outcome_write_retries(
-        lambda: record_outcome(message, worker=worker, attempt=attempt, outcome=outcome), message_ids=[message.pk]
-    )
-    failpoint("after_record")
-    return result
-
-
-T = TypeVar("T")
-# Telegram has answered; writing its answer down is worth a few tries through a database
-# blip (a failover, a restarted pooler) before the send is left to the sweeper, which can
-# then only call it `unknown`. Together well inside checks.RECORD_MARGIN_SECONDS.
-OUTCOME_WRITE_RETRY_DELAYS = (0.2, 0.5, 1.0, 2.0)
-
-
-def with_outcome_write_retries(write: Callable[[], T], *, message_ids: list[int]) -> T:
-    """Run `write` (recording outcomes: conditional transitions, safe to repeat), retrying
-    on a lost database connection. The last failure propagates: the lease then runs out and
-    the sweeper makes the sends `unknown`."""
-    for delay in OUTCOME_WRITE_RETRY_DELAYS:
-        try:
-            return write()
-        except (OperationalError, InterfaceError) as exc:
-            logger.warning("recording the outcome of messages %s failed (%s); retrying in %ss", message_ids, exc, delay)
-            connection.close()  # the next query opens a new connection
-            time.sleep(delay)
-    return write()
-
-
-def _claim(message_id: int, *, worker: str, lease: timedelta, unchanged_since: datetime | None = None) -> bool:
-    with uncommitted("before_claim_commit"):
-        claimed = transitions.claim(message_id, worker=worker, lease=lease, unchanged_since=unchanged_since)
-        if claimed:
-            failpoint("before_claim_commit")
-    return claimed
-
-
-# Refusals that come from Telegram itself, with a working token (not 401, not a 5xx or a
-# lost connection): for the bot's circuit they count as the destination being healthy.
-ANSWERED_BY_TELEGRAM = frozenset({ErrorClass.PERMANENT, ErrorClass.MIGRATED, ErrorClass.RATE_LIMITED})
-
-
-def record_outcome(message: OutboundMessage, *, worker: str, attempt: Any, outcome: botapi.CallOutcome) -> SendResult:
-    """Decide and record what Telegram's answer (or its absence) means for a claimed message:
-    sent, retry, dead letter, unknown, a circuit opened. The single send and the drain both
-    record through here, so a failure is decided the same way on either path."""
-    if outcome.ok:
-        # The chat's next message comes back with the outcome's statement: no query of
-        # its own, and none at all for unordered messages (broadcasts).
-        sent = transitions.mark_sent(
-            message, worker=worker, attempt=attempt, outcome=outcome, kick_chat=message.ordered
-        )
-        if not sent and transitions.settle_late_success(message, attempt=attempt, outcome=outcome):
-            logger.warning("message %s: success arrived after its lease ran out; settled as sent", message.pk)
-            return SendResult("sent-late")
-        if getattr(message, "circuit_dirty", True):
-            circuits.record_success(circuits.bot_scope(message.bot_id))
-        if sent.next_in_chat is not None and sent.next_in_chat != message.pk:
-            dispatch(sent.next_in_chat, bot_id=message.bot_id)
-        return SendResult("sent")
-
-    cls = outcome.error_class
-    logger.info("send of message %s failed: %s (%s)", message.pk, cls, outcome.description, extra={"error_class": cls})
-    if cls in ANSWERED_BY_TELEGRAM and getattr(message, "circuit_dirty", True):
-        # Telegram answered and accepted the token, only not this request: the bot is
-        # reachable, so a half-open probe succeeded and counted failures are forgotten.
-        circuits.record_success(circuits.bot_scope(message.bot_id))
-    if cls == ErrorClass.RATE_LIMITED:
-        # Telegram's retry_after is a floor, never shortened; flood control is per bot.
-        wait = max(outcome.retry_after or 1.0, 0.0)
-        ratelimit.pause_bot(message.bot_id, wait)
-        free = message.rate_limited_count < policy.FREE_RATE_LIMITED_ATTEMPTS
-        if not free and message.attempts >= message.max_attempts:
-            transitions.dead_letter(
-                message, worker=worker, attempt=attempt, outcome=outcome, reason_class=ErrorClass.EXHAUSTED
-            )
-            _kick_chat(message)
-            return SendResult("dead-lettered")
-        transitions.schedule_retry(message, worker=worker, attempt=attempt, outcome=outcome, delay=wait, free=free)
-        return SendResult("retry", wait)
-    if cls == ErrorClass.MIGRATED and outcome.migrate_to_chat_id:
-        already_migrated = message.attempt_set.filter(outcome=ErrorClass.MIGRATED).exclude(pk=attempt.pk).exists()
-        if already_migrated:
-            transitions.dead_letter(message, worker=worker, attempt=attempt, outcome=outcome)
-            _kick_chat(message)
-            return SendResult("dead-lettered")
-        transitions.schedule_retry(
-            message,
-            worker=worker,
-            attempt=attempt,
-            outcome=outcome,
-            delay=0,
-            free=True,
-            chat_id=outcome.migrate_to_chat_id,
-        )
-        # The rest of this chat's queue follows it to the supergroup.
-        transitions.migrate_chat(
-            bot_id=message.bot_id, old_chat_id=message.chat_id, new_chat_id=outcome.migrate_to_chat_id
-        )
-        return SendResult("retry", 0)
-    if cls == ErrorClass.AUTH:
-        delay = circuits.open_for_auth(circuits.bot_scope(message.bot_id), reason=outcome.description)
-        transitions.schedule_retry(message, worker=worker, attempt=attempt, outcome=outcome, delay=delay, free=True)
-        return SendResult("circuit-opened", None)
-    if cls == ErrorClass.AMBIGUOUS:
-        transitions.mark_unknown(message, worker=worker, attempt=attempt, outcome=outcome)
-        _kick_chat(message)
-        if message.on_ambiguous == OnAmbiguous.RESEND:
-            # Reconciliation resends it (with the same key) and records the decision.
-            return SendResult("unknown-resend")
-        return SendResult("unknown")
-    if cls == ErrorClass.TRANSIENT:
-        circuits.record_failure(circuits.bot_scope(message.bot_id), reason=outcome.description)
-        if message.attempts >= message.max_attempts:
-            transitions.dead_letter(
-                message, worker=worker, attempt=attempt, outcome=outcome, reason_class=ErrorClass.EXHAUSTED
-            )
-            _kick_chat(message)
-            return SendResult("dead-lettered")
-        delay = policy.backoff_seconds(message.attempts)
-        transitions.schedule_retry(message, worker=worker, attempt=attempt, outcome=outcome, delay=delay)
-        return SendResult("retry", delay)
-    # Permanent: no point retrying; an operator sees it at once.
-    transitions.dead_letter(message, worker=worker, attempt=attempt, outcome=outcome)
-    _kick_chat(message)
-    return SendResult("dead-lettered")
-
-
-def _kick_chat(message: OutboundMessage) -> None:
-    """The chat's queue moved on: hand the next ordered message of this chat to a worker.
-    Only ordered messages hold a chat up, so an unordered one (broadcasts) kicks nobody."""
-    if not message.ordered:
-        return
-    next_id = selectors.next_open_message_in_chat(bot_id=message.bot_id, chat_id=message.chat_id)
-    if next_id is not None and next_id != message.pk:
-        dispatch(next_id, bot_id=message.bot_id)
-
-
 def outbound_message_cancel(message_id: int, *, reason: str = "cancelled") -> bool:
     """Cancel a message that has not gone out. False when it is sending or already final.
 
@@ -557,7 +222,7 @@ def outbound_message_cancel(message_id: int, *, reason: str = "cancelled") -> bo
     if ok:
         for part_id in selectors.outbound_message_part_ids(message)[1:]:
             transitions.cancel(part_id, reason=f"{reason} (with the first part of its text)")
-        _kick_chat(message)
+        kick_chat(message)
     return ok
 
 
@@ -574,7 +239,7 @@ def outbound_broadcast_cancel(*, bot_id: int, broadcast: str, reason: str = "can
         total += len(ids)
         # Broadcasts are unordered and hold no chat up; an ordered one (rare) lets its chat move on.
         for message in OutboundMessage.objects.filter(pk__in=ids, ordered=True):
-            _kick_chat(message)
+            kick_chat(message)
 
 
 def outbound_message_resend(message_id: int, *, from_states: list[str]) -> bool:

@@ -7,18 +7,19 @@ message was lost), and the task only re-publishes itself for that moment.
 
 from celery import shared_task
 
-from outbox import drain, services
+from outbox.dispatch import dispatch
+from outbox.sending import batch, single
 
 
 @shared_task(name="outbox.send_outbound_message", ignore_result=True)
 def send_outbound_message(message_id: int, slot_reserved: bool = False, bulk: bool = False) -> str:
-    result = services.outbound_message_send(message_id, slot_reserved=slot_reserved)
+    result = single.outbound_message_send(message_id, slot_reserved=slot_reserved)
     if result.countdown is not None:
         # Short waits ride the broker; long ones stay in the row for the sweeper.
-        services.dispatch(message_id, countdown=result.countdown, slot_reserved=result.slot_reserved, bulk=bulk)
+        dispatch(message_id, countdown=result.countdown, slot_reserved=result.slot_reserved, bulk=bulk)
     return result.status
 
 
 @shared_task(name="outbox.drain_bot", ignore_result=True)
 def drain_bot(bot_id: int, extra: bool = False) -> str:
-    return str(drain.outbound_messages_drain(bot_id, extra=extra))
+    return str(batch.outbound_messages_drain(bot_id, extra=extra))

@@ -11,7 +11,6 @@ overwrite a newer state because every UPDATE names the state and the lease it ex
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -27,7 +26,7 @@ from outbox.signals import message_ambiguous, message_dead_lettered, message_del
 
 WAITING = [State.PENDING, State.RETRY]
 
-# The send path's transitions (claim, begin_attempt, mark_sent) are one hand-written
+# The send path's transitions (claim, begin_attempts, mark_sent) are one hand-written
 # statement each on PostgreSQL: the same conditional UPDATEs, without the ORM's query
 # building, which cost more CPU than the database did (docs/PERFORMANCE.md). SQLite (the
 # demo) takes the ORM path. Table names come from _meta; values are always parameters.
@@ -66,23 +65,7 @@ def claim(message_id: int, *, worker: str, lease: timedelta, unchanged_since: da
     return n == 1
 
 
-def begin_attempt(message: OutboundMessage, *, worker: str) -> Attempt | None:
-    """Record the attempt before the request goes out. None if the lease was lost."""
-    now = timezone.now()
-    if _postgresql():
-        # One statement, so one commit: the attempt count and the attempt row together.
-        return begin_attempts([message], worker=worker).get(message.pk)
-    with transaction.atomic():
-        n = OutboundMessage.objects.filter(pk=message.pk, state=State.SENDING, lease_owner=worker).update(
-            attempts=F("attempts") + 1, updated_at=now
-        )
-        if n != 1:
-            return None
-        message.attempts += 1
-        return Attempt.objects.create(message=message, number=message.attempts, worker=worker, started_at=now)
-
-
-# The batched drain (outbox/drain.py): the same transitions, for many messages of one bot
+# The batched drain (outbox/sending/batch.py): the same transitions, for many messages of one bot
 # per statement. PostgreSQL only (FOR UPDATE SKIP LOCKED); the demo's SQLite sends one by one.
 
 
@@ -129,11 +112,14 @@ def claim_batch(
 
 
 def begin_attempts(messages: list[OutboundMessage], *, worker: str) -> dict[int, Attempt]:
-    """begin_attempt for many claimed messages in one statement (one commit): their attempt
-    counts and attempt rows. Messages whose lease was lost get none."""
+    """Record the attempts before the requests go out: each claimed message's attempt count
+    and attempt row, in one statement (one commit) on PostgreSQL. Messages whose lease was
+    lost get none. The single send passes a list of one."""
     if not messages:
         return {}
     now = timezone.now()
+    if not _postgresql():
+        return {m.pk: a for m in messages if (a := _begin_attempt_portable(m, worker=worker, now=now)) is not None}
     with connection.cursor() as cursor:
         cursor.execute(
             f"""WITH m AS (
@@ -158,43 +144,98 @@ def begin_attempts(messages: list[OutboundMessage], *, worker: str) -> dict[int,
     return attempts
 
 
-def mark_sent_many(sent: list[tuple[OutboundMessage, Attempt, CallOutcome]], *, worker: str) -> set[int]:
-    """mark_sent for many messages in one statement; returns the ids that became sent (a
-    message whose lease was lost meanwhile is left to whoever holds it now)."""
-    if not sent:
-        return set()
-    now = timezone.now()
-    message_ids, attempt_ids, telegram_ids, results = [], [], [], []
-    for message, attempt, outcome in sent:
-        message_ids.append(message.pk)
-        attempt_ids.append(attempt.pk)
-        telegram_ids.append(outcome.telegram_message_id)
-        results.append(None if outcome.telegram_message_id else json.dumps(outcome.result))
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"""WITH v AS (
-                  SELECT * FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], %s::text[])
-                    AS v(message_id, attempt_id, telegram_message_id, result)
-                ), a AS (
-                  UPDATE {_ATTEMPTS} SET finished_at = %s, outcome = 'ok', http_status = 200, error_code = NULL,
-                    description = '', retry_after = NULL
-                  FROM v WHERE {_ATTEMPTS}.id = v.attempt_id
-                ), m AS (
-                  UPDATE {_MESSAGES} SET state = 'sent', sent_at = %s, updated_at = %s,
-                    telegram_message_id = v.telegram_message_id, result = v.result::jsonb, lease_owner = '',
-                    lease_expires_at = NULL, last_error = '', last_error_class = ''
-                  FROM v WHERE {_MESSAGES}.id = v.message_id AND {_MESSAGES}.state = 'sending'
-                    AND {_MESSAGES}.lease_owner = %s
-                  RETURNING {_MESSAGES}.id
-                )
-                SELECT id FROM m""",  # noqa: S608 - see _MESSAGES
-            [message_ids, attempt_ids, telegram_ids, results, now, now, now, worker],
+def _begin_attempt_portable(message: OutboundMessage, *, worker: str, now: datetime) -> Attempt | None:
+    with transaction.atomic():
+        n = OutboundMessage.objects.filter(pk=message.pk, state=State.SENDING, lease_owner=worker).update(
+            attempts=F("attempts") + 1, updated_at=now
         )
-        done = {row[0] for row in cursor.fetchall()}
+        if n != 1:
+            return None
+        message.attempts += 1
+        return Attempt.objects.create(message=message, number=message.attempts, worker=worker, started_at=now)
+
+
+def mark_sent(
+    sent: list[tuple[OutboundMessage, Attempt, CallOutcome]], *, worker: str, next_in_chat: bool = False
+) -> dict[int, int | None]:
+    """sending -> sent, with Telegram's message ids, for the messages this worker still holds
+    (one whose lease was lost meanwhile is left to whoever holds it now), in one statement on
+    PostgreSQL. Returns {id of each message that became sent: None, or with `next_in_chat`
+    its chat's next due message (found in the same statement), for the caller to dispatch}.
+    The single send passes a list of one; the drain a batch."""
+    if not sent:
+        return {}
+    now = timezone.now()
+    if not _postgresql():
+        done = _mark_sent_portable(sent, worker=worker, now=now, next_in_chat=next_in_chat)
+    else:
+        message_ids, attempt_ids, telegram_ids, results = [], [], [], []
+        for message, attempt, outcome in sent:
+            message_ids.append(message.pk)
+            attempt_ids.append(attempt.pk)
+            telegram_ids.append(outcome.telegram_message_id)
+            results.append(None if outcome.telegram_message_id else json.dumps(outcome.result))
+        next_sql = (
+            f"""(SELECT h.id FROM {_MESSAGES} h WHERE h.bot_id = m.bot_id AND h.chat_id = m.chat_id
+                 AND h.state IN ('pending', 'retry') AND h.next_attempt_at <= %s
+                 AND NOT {chat_order.blocked_sql("h", besides="m.id")} ORDER BY h.id LIMIT 1)"""  # noqa: S608
+            if next_in_chat
+            else "NULL::bigint"
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"""WITH v AS (
+                      SELECT * FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], %s::text[])
+                        AS v(message_id, attempt_id, telegram_message_id, result)
+                    ), a AS (
+                      UPDATE {_ATTEMPTS} SET finished_at = %s, outcome = 'ok', http_status = 200, error_code = NULL,
+                        description = '', retry_after = NULL
+                      FROM v WHERE {_ATTEMPTS}.id = v.attempt_id
+                    ), m AS (
+                      UPDATE {_MESSAGES} SET state = 'sent', sent_at = %s, updated_at = %s,
+                        telegram_message_id = v.telegram_message_id, result = v.result::jsonb, lease_owner = '',
+                        lease_expires_at = NULL, last_error = '', last_error_class = ''
+                      FROM v WHERE {_MESSAGES}.id = v.message_id AND {_MESSAGES}.state = 'sending'
+                        AND {_MESSAGES}.lease_owner = %s
+                      RETURNING {_MESSAGES}.id, {_MESSAGES}.bot_id, {_MESSAGES}.chat_id
+                    )
+                    SELECT m.id, {next_sql} FROM m""",  # noqa: S608 - see _MESSAGES
+                [message_ids, attempt_ids, telegram_ids, results, now, now, now, worker]
+                + ([now, now] if next_in_chat else []),
+            )
+            done = dict(cursor.fetchall())
     for message, _, _ in sent:
         if message.pk in done:
             message.state = State.SENT
     metrics.observe_replies(done)
+    return done
+
+
+def _mark_sent_portable(
+    sent: list[tuple[OutboundMessage, Attempt, CallOutcome]], *, worker: str, now: datetime, next_in_chat: bool
+) -> dict[int, int | None]:
+    done: dict[int, int | None] = {}
+    for message, attempt, outcome in sent:
+        telegram_message_id = outcome.telegram_message_id
+        with transaction.atomic():
+            finish_attempt(attempt, outcome)
+            n = _owned(message, worker).update(
+                state=State.SENT,
+                sent_at=now,
+                updated_at=now,
+                telegram_message_id=telegram_message_id,
+                result=None if telegram_message_id else outcome.result,
+                lease_owner="",
+                lease_expires_at=None,
+                last_error="",
+                last_error_class="",
+            )
+        if n == 1:
+            done[message.pk] = (
+                selectors.next_open_message_in_chat(bot_id=message.bot_id, chat_id=message.chat_id)
+                if next_in_chat
+                else None
+            )
     return done
 
 
@@ -211,84 +252,6 @@ def finish_attempt(attempt: Attempt, outcome: CallOutcome) -> None:
 
 def _owned(message: OutboundMessage, worker: str) -> Any:
     return OutboundMessage.objects.filter(pk=message.pk, state=State.SENDING, lease_owner=worker)
-
-
-@dataclass(frozen=True)
-class Sent:
-    """What mark_sent did: true when this worker's send became sent. `next_in_chat` is
-    the chat's next due waiting message, when asked for (`kick_chat`), else None."""
-
-    ok: bool
-    next_in_chat: int | None = None
-
-    def __bool__(self) -> bool:
-        return self.ok
-
-
-def mark_sent(
-    message: OutboundMessage, *, worker: str, attempt: Attempt, outcome: CallOutcome, kick_chat: bool = False
-) -> Sent:
-    """sending -> sent, with Telegram's message id. With `kick_chat`, also finds the chat's
-    next due message (in the same statement on PostgreSQL), for the caller to dispatch."""
-    now = timezone.now()
-    telegram_message_id = outcome.telegram_message_id
-    result = None if telegram_message_id else outcome.result
-    if _postgresql():
-        next_in_chat = (
-            f"""SELECT id FROM {_MESSAGES} h WHERE h.bot_id = %s AND h.chat_id = %s
-                AND h.state IN ('pending', 'retry') AND h.next_attempt_at <= %s
-                AND NOT {chat_order.blocked_sql("h", besides_one=True)} ORDER BY h.id LIMIT 1"""  # noqa: S608
-            if kick_chat
-            else "SELECT NULL::bigint"
-        )
-        _, row = _execute(
-            f"""WITH a AS (
-                  UPDATE {_ATTEMPTS} SET finished_at = %s, outcome = 'ok', http_status = %s, error_code = %s,
-                    description = %s, retry_after = %s
-                  WHERE id = %s
-                ), m AS (
-                  UPDATE {_MESSAGES} SET state = 'sent', sent_at = %s, updated_at = %s, telegram_message_id = %s,
-                    result = %s::jsonb, lease_owner = '', lease_expires_at = NULL, last_error = '',
-                    last_error_class = ''
-                  WHERE id = %s AND state = 'sending' AND lease_owner = %s RETURNING id
-                )
-                SELECT (SELECT count(*) FROM m), ({next_in_chat})""",  # noqa: S608 - see _MESSAGES
-            [
-                now,
-                outcome.http_status,
-                outcome.error_code,
-                outcome.description[:2000],
-                outcome.retry_after,
-                attempt.pk,
-                now,
-                now,
-                telegram_message_id,
-                None if result is None else json.dumps(result),
-                message.pk,
-                worker,
-                *([message.bot_id, message.chat_id, now, now, message.pk] if kick_chat else []),
-            ],
-        )
-        if row[0] == 1:
-            metrics.observe_replies([message.pk])
-        return Sent(row[0] == 1, row[1])
-    with transaction.atomic():
-        finish_attempt(attempt, outcome)
-        n = _owned(message, worker).update(
-            state=State.SENT,
-            sent_at=now,
-            updated_at=now,
-            telegram_message_id=telegram_message_id,
-            result=result,
-            lease_owner="",
-            lease_expires_at=None,
-            last_error="",
-            last_error_class="",
-        )
-    if n == 1:
-        metrics.observe_replies([message.pk])
-    next_id = selectors.next_open_message_in_chat(bot_id=message.bot_id, chat_id=message.chat_id) if kick_chat else None
-    return Sent(n == 1, next_id)
 
 
 def settle_late_success(message: OutboundMessage, *, attempt: Attempt, outcome: CallOutcome) -> bool:

@@ -256,7 +256,7 @@ DOVECOTE_OPENAI_TIMEOUT = env.float("DOVECOTE_OPENAI_TIMEOUT", default=30.0)
 DOVECOTE_TELEGRAM_CONNECT_TIMEOUT = env.float("DOVECOTE_TELEGRAM_CONNECT_TIMEOUT", default=5.0)
 DOVECOTE_TELEGRAM_READ_TIMEOUT = env.float("DOVECOTE_TELEGRAM_READ_TIMEOUT", default=15.0)
 # A worker's claim on a row; the sweeper treats rows past their lease as abandoned.
-# Due messages of one bot sent per batch by the drain (outbox/drain.py); 1 sends one per task.
+# Due messages of one bot sent per batch by the drain (outbox/sending/batch.py); 1 sends one per task.
 DOVECOTE_DRAIN_BATCH_SIZE = env.int("DOVECOTE_DRAIN_BATCH_SIZE", default=8)
 DOVECOTE_SEND_LEASE_SECONDS = env.int("DOVECOTE_SEND_LEASE_SECONDS", default=60)
 DOVECOTE_CONSUMER_LEASE_SECONDS = env.int("DOVECOTE_CONSUMER_LEASE_SECONDS", default=300)

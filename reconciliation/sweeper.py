@@ -60,8 +60,7 @@ from bots import registry
 from bots import services as bot_services
 from bots import transitions as bot_transitions
 from bots.models import Bot, ConsumerRun, InboundUpdate, RunState, UpdateState
-from outbox import chat_order, circuits, drain, policy, ratelimit
-from outbox import services as outbox_services
+from outbox import chat_order, circuits, dispatch, policy, ratelimit
 from outbox import transitions as outbox_transitions
 from outbox.models import Circuit, CircuitState, ErrorClass, OnAmbiguous, OutboundMessage, State
 from reconciliation import retention, triage
@@ -229,7 +228,7 @@ def _recover_sends(now: datetime, report: dict[str, int]) -> None:
         outcome = outbox_transitions.recover_expired_lease(pk)
         if outcome == "released":
             report["messages_released"] += 1
-            outbox_services.dispatch(pk)
+            dispatch.dispatch(pk)
         elif outcome == "unknown":
             report["messages_unknown"] += 1
     # Policy `resend`: after the delay, the same key again; the case says a duplicate is possible.
@@ -242,28 +241,6 @@ def _recover_sends(now: datetime, report: dict[str, int]) -> None:
     for pk in _ids(messages_expired_qs(now), "next_attempt_at"):
         if outbox_transitions.cancel(pk, reason="expired before it could be sent", error_class=ErrorClass.EXPIRED):
             report["messages_expired"] += 1
-
-
-def _redispatch(pks: list[int], now: datetime, *, probe: bool = False) -> int:
-    """Make the messages due now and hand them to workers: through their bot's drain (one
-    wake-up per bot: a live drain takes them in turn, a lost one's key expires within
-    seconds and the next sweep wakes a new one), except a circuit's probe and broadcasts,
-    which go one by one."""
-    drained = not probe and drain.enabled()
-    bots = dict(OutboundMessage.objects.filter(pk__in=pks, broadcast="").values_list("pk", "bot_id")) if drained else {}
-    sent = 0
-    woken: dict[int, list[int]] = {}
-    for pk in pks:
-        if not outbox_transitions.make_due(pk, now=now):
-            continue
-        if pk in bots:
-            woken.setdefault(bots[pk], []).append(pk)
-        elif outbox_services.dispatch(pk):
-            sent += 1
-    for bot_id, bot_pks in woken.items():
-        if drain.wake(bot_id):
-            sent += len(bot_pks)
-    return sent
 
 
 def _redispatch_sends(now: datetime, report: dict[str, int]) -> None:
@@ -288,17 +265,17 @@ def _redispatch_sends(now: datetime, report: dict[str, int]) -> None:
                 # The probe is a chat's head that is due now: a later message of its chat
                 # would only wait for the head, and the probe's turn would pass unused.
                 probe = _ids(messages_due_qs(now, bot_id=bot_id, overdue_by=timedelta(0)), "next_attempt_at", 1)
-                report["messages_probes"] += _redispatch(probe, now, probe=True)
+                report["messages_probes"] += dispatch.redispatch(probe, now, probe=True)
             continue
         rate = Bot.objects.filter(pk=bot_id).values_list("rate_limit", flat=True).first()
         allowance = circuits.bot_ramp_allowance(circuit, rate=rate)
         limit = BATCH if allowance is None else min(BATCH, allowance)
         batch = _ids(messages_due_qs(now, bot_id=bot_id, overdue_by=timedelta(0)), "next_attempt_at", limit)
-        report["messages_ramped"] += _redispatch(batch, now)
+        report["messages_ramped"] += dispatch.redispatch(batch, now)
     qs = messages_due_qs(now)
     if special:
         qs = qs.exclude(bot_id__in=special)
-    report["messages_redispatched"] += _redispatch(_ids(qs, "next_attempt_at"), now)
+    report["messages_redispatched"] += dispatch.redispatch(_ids(qs, "next_attempt_at"), now)
 
 
 def _parked_due_soon(now: datetime) -> Q:
@@ -330,7 +307,7 @@ def _publish_upcoming(now: datetime, report: dict[str, int]) -> None:
         messages_upcoming_qs(now).order_by("next_attempt_at").values_list("pk", "next_attempt_at", "broadcast")[:BATCH]
     ):
         countdown = max(0.0, (due - now).total_seconds())
-        if outbox_services.dispatch(pk, countdown=countdown, bulk=bool(broadcast)):
+        if dispatch.dispatch(pk, countdown=countdown, bulk=bool(broadcast)):
             report["messages_published_ahead"] += 1
     for pk, due in runs_upcoming_qs(now).order_by("next_attempt_at").values_list("pk", "next_attempt_at")[:BATCH]:
         if bot_services.dispatch_run(pk, countdown=max(0.0, (due - now).total_seconds())):

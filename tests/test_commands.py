@@ -135,7 +135,8 @@ def test_a_bot_whose_api_host_was_taken_off_the_list_sends_nothing_and_keeps_its
     from django.test import override_settings
 
     from outbox.models import Circuit, CircuitState, OutboundMessage, State
-    from outbox.services import outbound_message_enqueue, outbound_message_send
+    from outbox.sending.single import outbound_message_send
+    from outbox.services import outbound_message_enqueue
 
     bot = bot_factory()  # its api_base_url is the sandbox on 127.0.0.1
     message, _ = outbound_message_enqueue(bot_id=bot.pk, chat_id=3, payload={"text": "hi"}, idempotency_key="h")

@@ -17,7 +17,8 @@ from bots import services as bot_services
 from bots.models import ConsumerRun, InboundUpdate
 from outbox import metrics
 from outbox.models import OutboundMessage, State
-from outbox.services import outbound_message_enqueue, outbound_message_send
+from outbox.sending.single import outbound_message_send
+from outbox.services import outbound_message_enqueue
 from tests.bots.test_webhook import SECRET_HEADER, message_update
 from tests.conftest import make_bot
 from tests.reconciliation.test_cases import lost_answer

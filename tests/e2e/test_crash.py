@@ -6,7 +6,7 @@ the test; the sweeper then runs in-process instead of waiting for beat.
 
 For each point: how many messages reached the chat, the final state, the attempts, and
 that the idempotency key never changed. An enqueued message goes out through its bot's
-drain (outbox/drain.py), so these are the drain's failpoints; the last two tests kill a
+drain (outbox/sending/batch.py), so these are the drain's failpoints; the last two tests kill a
 drain holding a batch of four.
 """
 
@@ -25,8 +25,10 @@ from django.db import transaction
 from django.test import override_settings
 from django.utils import timezone
 
+from outbox.dispatch import dispatch
 from outbox.models import OutboundMessage, State
-from outbox.services import dispatch, outbound_message_enqueue, outbound_message_send
+from outbox.sending.single import outbound_message_send
+from outbox.services import outbound_message_enqueue
 from reconciliation.models import CaseStatus, ReconciliationCase
 from reconciliation.sweeper import sweep
 from tests.support import ROOT, Process, start_worker, wait_until

@@ -33,7 +33,8 @@ from django.test import override_settings
 from django.utils import timezone
 
 from outbox.models import OutboundMessage, State
-from outbox.services import outbound_message_enqueue, outbound_message_send
+from outbox.sending.single import outbound_message_send
+from outbox.services import outbound_message_enqueue
 from reconciliation import services as reconciliation_services
 from reconciliation.models import CaseStatus, ReconciliationCase
 from reconciliation.sweeper import sweep

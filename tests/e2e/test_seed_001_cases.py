@@ -20,8 +20,10 @@ from django.core.management import call_command
 from django.db import transaction
 from django.test import override_settings
 
+from outbox.dispatch import dispatch
 from outbox.models import OutboundMessage, State
-from outbox.services import dispatch, outbound_message_enqueue, outbound_message_send
+from outbox.sending.single import outbound_message_send
+from outbox.services import outbound_message_enqueue
 from reconciliation import services as reconciliation_services
 from reconciliation.models import AuditEntry, CaseStatus, Decision, ReconciliationCase
 from reconciliation.sweeper import sweep

@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from outbox import ratelimit, services
 from outbox.models import OutboundMessage, State
+from outbox.sending import rules, single
 
 _keys = count(1)
 
@@ -30,13 +31,13 @@ def enqueue(bot: Any, *, chat_id: int = 42, text: str = "hello", key: str | None
     return message
 
 
-def drive(message_id: int, *, timeout: float = 15.0) -> tuple[services.SendResult, OutboundMessage]:
+def drive(message_id: int, *, timeout: float = 15.0) -> tuple[rules.SendResult, OutboundMessage]:
     """Call the send service until the message leaves the queue or cannot move now,
     sleeping exactly the countdowns the service asks for (as the Celery task would)."""
     deadline = time.monotonic() + timeout
     reserved = False
     while True:
-        result = services.outbound_message_send(message_id, slot_reserved=reserved)
+        result = single.outbound_message_send(message_id, slot_reserved=reserved)
         message = OutboundMessage.objects.get(pk=message_id)
         if message.state not in (State.PENDING, State.RETRY) or result.status in STOP:
             return result, message

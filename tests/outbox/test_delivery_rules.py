@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from outbox import botapi, services
 from outbox.models import ErrorClass, OutboundMessage, State
+from outbox.sending import single
 from tests.outbox.helpers import drive, enqueue
 from tests.support import in_threads
 
@@ -64,7 +65,7 @@ def test_a_message_is_not_sent_before_its_send_at(bot, sandbox) -> None:
     send_at = timezone.now() + timedelta(seconds=1.2)
     message = enqueue(bot, send_at=send_at)
 
-    early = services.outbound_message_send(message.pk)
+    early = single.outbound_message_send(message.pk)
     assert early.status == "not-due"
     assert not sandbox.calls(token=bot.token)
 
@@ -98,7 +99,7 @@ def test_cancel_works_while_pending_and_is_refused_once_sent(bot, sandbox) -> No
     sent.refresh_from_db()
     assert (waiting.state, waiting.cancel_reason) == (State.CANCELLED, "scenario changed")
     assert sent.state == State.SENT
-    assert services.outbound_message_send(waiting.pk).status == "not-waiting"
+    assert single.outbound_message_send(waiting.pk).status == "not-waiting"
     assert sandbox.calls(token=bot.token, chat_id=1) == []
 
 
@@ -128,8 +129,8 @@ def test_a_later_message_never_overtakes_an_earlier_one_that_is_retrying(bot, sa
     answer = enqueue(bot, chat_id=5, text="the answer")
     follow_up = enqueue(bot, chat_id=5, text="the follow-up")
 
-    assert services.outbound_message_send(answer.pk).status == "retry"
-    assert services.outbound_message_send(follow_up.pk).status == "waiting-for-earlier"
+    assert single.outbound_message_send(answer.pk).status == "retry"
+    assert single.outbound_message_send(follow_up.pk).status == "waiting-for-earlier"
     drive(answer.pk)
     drive(follow_up.pk)
 
@@ -143,8 +144,8 @@ def test_an_unordered_message_does_not_wait_for_the_chat(bot, sandbox) -> None:
     answer = enqueue(bot, chat_id=5, text="the answer")
     notice = enqueue(bot, chat_id=5, text="independent notice", ordered=False)
 
-    assert services.outbound_message_send(answer.pk).status == "retry"
-    assert services.outbound_message_send(notice.pk).status == "sent"
+    assert single.outbound_message_send(answer.pk).status == "retry"
+    assert single.outbound_message_send(notice.pk).status == "sent"
     drive(answer.pk)
 
     assert sandbox.sent_texts(token=bot.token, chat_id=5) == ["independent notice", "the answer"]
@@ -167,9 +168,9 @@ def test_a_callback_answer_does_not_wait_behind_a_retrying_message_of_its_chat(b
     answer = enqueue(bot, chat_id=5, text="the answer")
     ack = enqueue_call(bot, 5, "answerCallbackQuery", {"callback_query_id": "cb-1"})
 
-    assert services.outbound_message_send(answer.pk).status == "retry"
+    assert single.outbound_message_send(answer.pk).status == "retry"
     assert ack.ordered is False
-    assert services.outbound_message_send(ack.pk).status == "sent"
+    assert single.outbound_message_send(ack.pk).status == "sent"
     drive(answer.pk)
 
     assert [c["method"] for c in sandbox.calls(token=bot.token)] == [
@@ -185,12 +186,12 @@ def test_a_typing_indicator_takes_no_slot_of_the_chats_message_limit(bot, sandbo
     # reply it announces would wait a second behind it.
     typing = enqueue_call(bot, 9, "sendChatAction", {"action": "typing"})
     reply = enqueue(bot, chat_id=9, text="the reply")
-    assert services.outbound_message_send(typing.pk).status == "sent"
-    assert services.outbound_message_send(reply.pk).status == "sent"
+    assert single.outbound_message_send(typing.pk).status == "sent"
+    assert single.outbound_message_send(reply.pk).status == "sent"
 
     # A message does take it: a second one in the same second waits.
     second = enqueue(bot, chat_id=9, text="one more")
-    assert services.outbound_message_send(second.pk).status == "rate-limited"
+    assert single.outbound_message_send(second.pk).status == "rate-limited"
 
 
 @pytest.mark.django_db
@@ -225,7 +226,7 @@ def test_two_workers_racing_for_one_message_send_it_once(bot, sandbox) -> None:
     messages = [enqueue(bot, chat_id=100 + i, text=f"race {i}") for i in range(10)]
 
     def worker(i: int) -> list[str]:
-        return [services.outbound_message_send(m.pk).status for m in messages]
+        return [single.outbound_message_send(m.pk).status for m in messages]
 
     statuses = in_threads(2, worker)
 

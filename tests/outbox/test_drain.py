@@ -1,4 +1,4 @@
-"""The batched drain (outbox/drain.py): a bot's due messages claimed, sent and recorded a
+"""The batched drain (outbox/sending/batch.py): a bot's due messages claimed, sent and recorded a
 batch at a time, with every rule of the single send. In-process drains against the sandbox
 over HTTP, and real worker processes for the races and the wake-ups."""
 
@@ -14,8 +14,9 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
-from outbox import circuits, drain, services, transitions, wakeups
+from outbox import circuits, dispatch, services, transitions, wakeups
 from outbox.models import Attempt, Circuit, CircuitState, DeadLetter, ErrorClass, OutboundMessage, State
+from outbox.sending import batch
 from reconciliation.sweeper import sweep
 from tests.outbox.helpers import enqueue
 from tests.outbox.test_delivery_rules import warm_up
@@ -45,7 +46,7 @@ def texts_by_chat(sandbox, bot) -> dict[int, list[str]]:
 def test_a_drain_sends_every_due_message_once_a_batch_at_a_time(bot, sandbox) -> None:
     messages = [enqueue(bot, chat_id=1000 + i, text=f"note {i}") for i in range(20)]
 
-    report = drain.outbound_messages_drain(bot.pk)
+    report = batch.outbound_messages_drain(bot.pk)
 
     assert (report.sent, report.failed, report.batches) == (20, 0, 3)  # 8 + 8 + 4
     assert len(sandbox.calls(token=bot.token, method="sendMessage")) == 20
@@ -53,7 +54,7 @@ def test_a_drain_sends_every_due_message_once_a_batch_at_a_time(bot, sandbox) ->
     assert {(m.state, m.attempts) for m in rows} == {(State.SENT, 1)}
     assert all(m.telegram_message_id and m.sent_at and not m.lease_owner for m in rows)
     assert {(a.number, a.outcome, a.http_status) for a in Attempt.objects.filter(message__in=rows)} == {(1, "ok", 200)}
-    assert drain.outbound_messages_drain(bot.pk).sent == 0  # nothing is sent twice
+    assert batch.outbound_messages_drain(bot.pk).sent == 0  # nothing is sent twice
 
 
 @pytest.mark.django_db
@@ -79,7 +80,7 @@ def test_a_drain_sends_one_message_per_chat_at_a_time_and_keeps_each_chats_order
         for chat in (31, 32, 33):
             enqueue(bot, chat_id=chat, text=f"{chat}-{n}")
 
-    report = drain.outbound_messages_drain(bot.pk)
+    report = batch.outbound_messages_drain(bot.pk)
 
     assert report.sent == 12
     assert report.batches == 4  # each batch holds the three chats' next message
@@ -96,7 +97,7 @@ def test_a_failed_send_in_a_batch_is_decided_alone(bot, sandbox, settings) -> No
     sandbox.fault("403", chat_id=41)
     sandbox.fault("5xx", status=502, chat_id=42, count=1)
 
-    report = drain.outbound_messages_drain(bot.pk)
+    report = batch.outbound_messages_drain(bot.pk)
 
     assert (report.sent, report.failed) == (3, 2)
     blocked.refresh_from_db()
@@ -118,7 +119,7 @@ def test_a_drain_cancels_expired_and_vetoed_messages_instead_of_sending_them(bot
     stale = enqueue(bot, chat_id=52, text="Pay for order #7")
     after_expired = enqueue(bot, chat_id=51, text="next in the chat")
 
-    report = drain.outbound_messages_drain(bot.pk)
+    report = batch.outbound_messages_drain(bot.pk)
 
     assert (report.sent, report.cancelled) == (1, 2)
     expired.refresh_from_db()
@@ -135,12 +136,12 @@ def test_a_drain_leaves_broadcasts_and_a_bot_with_an_open_circuit_alone(bot, san
     broadcast = services.broadcast_enqueue(
         bot_id=bot.pk, chat_ids=[61, 62], payload={"text": "news"}, broadcast_key="b1"
     )
-    assert drain.outbound_messages_drain(bot.pk).batches == 0  # paced by their own slots, one task each
+    assert batch.outbound_messages_drain(bot.pk).batches == 0  # paced by their own slots, one task each
     assert OutboundMessage.objects.filter(pk__in=broadcast.message_ids, state=State.PENDING).count() == 2
 
     reply = enqueue(bot, chat_id=63, text="a reply")
     circuits.pause(circuits.bot_scope(bot.pk), reason="operator pause")
-    assert drain.outbound_messages_drain(bot.pk).batches == 0
+    assert batch.outbound_messages_drain(bot.pk).batches == 0
     reply.refresh_from_db()
     assert reply.state == State.PENDING
     assert sandbox.calls(token=bot.token) == []
@@ -152,7 +153,7 @@ def test_under_the_rate_limit_a_drain_paces_the_bot_and_then_hands_the_worker_ba
     warm_up(bot)
     messages = [enqueue(bot, chat_id=700 + i, text=f"n{i}") for i in range(16)]
 
-    report = drain.outbound_messages_drain(bot.pk)
+    report = batch.outbound_messages_drain(bot.pk)
 
     # About two seconds of sends at the bot's pace (93 % of 5/s), then a continuation.
     assert 8 <= report.sent <= 12, report
@@ -186,7 +187,7 @@ def test_the_woken_drain_holds_the_wake_up_until_nothing_is_left(bot, sandbox) -
     assert queued_tasks() == ["outbox.drain_bot"]
     redis.Redis.from_url(settings.REDIS_URL).delete(queue)  # a worker took the task
 
-    assert drain.outbound_messages_drain(bot.pk).sent == 2  # ... and ran it
+    assert batch.outbound_messages_drain(bot.pk).sent == 2  # ... and ran it
     enqueue(bot, chat_id=1303)
 
     # The drain let go of the wake-up when it found nothing more: the next message wakes one.
@@ -222,7 +223,7 @@ def test_workers_draining_one_backlog_together_send_each_message_exactly_once(
         processes.append(start_worker(env, concurrency=2, name=name))
     ids = list(OutboundMessage.objects.filter(bot=bot).order_by("pk").values_list("pk", flat=True))
     for pk in ids:
-        services.dispatch(pk, bot_id=bot.pk)  # as each enqueue does after its commit
+        dispatch.dispatch(pk, bot_id=bot.pk)  # as each enqueue does after its commit
 
     wait_until(lambda: OutboundMessage.objects.filter(bot=bot, state=State.SENT).count() == 240, timeout=60)
 
@@ -250,7 +251,7 @@ def test_after_an_outage_a_drain_sends_new_messages_and_leaves_the_backlog_to_th
     )
     fresh = enqueue(bot, chat_id=1200, text="a new reply")
 
-    report = drain.outbound_messages_drain(bot.pk)
+    report = batch.outbound_messages_drain(bot.pk)
 
     assert report.sent == 1
     assert sandbox.sent_texts(token=bot.token) == ["a new reply"]
@@ -281,7 +282,7 @@ def test_the_sweeper_wakes_a_new_drain_once_a_lost_ones_wake_up_has_expired(bot,
 def test_a_drain_whose_rate_limiter_is_unreachable_sends_nothing_and_leaves_nothing_claimed(bot, sandbox) -> None:
     """Found by the fault schedules (Redis restarted mid-batch): the limiter's error escaped
     the drain, so claimed messages waited out their lease and answers already in were lost."""
-    from outbox.drain import outbound_messages_drain
+    from outbox.sending.batch import outbound_messages_drain
     from tests.outbox.helpers import limiter_redis_at
     from tests.support import free_port
 

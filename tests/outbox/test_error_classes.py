@@ -7,8 +7,9 @@ import itertools
 import pytest
 from telegram import error as tg_error
 
-from outbox import botapi, services
+from outbox import botapi
 from outbox.models import Circuit, CircuitState, DeadLetter, ErrorClass, OutboundMessage, State
+from outbox.sending import single
 from reconciliation.models import ReconciliationCase
 from tests.outbox.helpers import drive, enqueue
 
@@ -26,11 +27,11 @@ def test_a_429_is_honoured_to_the_second_and_pauses_the_whole_bot(bot, sandbox) 
     alice = enqueue(bot, chat_id=1001, text="to alice")
     bob = enqueue(bot, chat_id=1002, text="to bob")
 
-    first = services.outbound_message_send(alice.pk)
+    first = single.outbound_message_send(alice.pk)
     assert first.status == "retry"
     assert first.countdown == pytest.approx(2.0)
     # Bob's message is another chat, but flood control is per bot: it waits too, with no request.
-    held = services.outbound_message_send(bob.pk)
+    held = single.outbound_message_send(bob.pk)
     assert held.status == "rate-limited"
     assert 1.5 < held.countdown <= 2.0
     assert len(sandbox.calls(token=bot.token)) == 1
@@ -87,7 +88,7 @@ def test_a_refused_connection_is_transient_because_nothing_was_sent(bot_factory)
     bot = bot_factory(api_base_url="http://127.0.0.1:9")
     message = enqueue(bot)
 
-    result = services.outbound_message_send(message.pk)
+    result = single.outbound_message_send(message.pk)
 
     message.refresh_from_db()
     assert result.status == "retry"
@@ -138,8 +139,8 @@ def test_a_401_opens_the_bots_circuit_and_keeps_its_queue(bot, sandbox) -> None:
     sandbox.fault("401", token=bot.token)
     messages = [enqueue(bot, chat_id=2000 + i) for i in range(3)]
 
-    first = services.outbound_message_send(messages[0].pk)
-    rest = [services.outbound_message_send(m.pk) for m in messages[1:]]
+    first = single.outbound_message_send(messages[0].pk)
+    rest = [single.outbound_message_send(m.pk) for m in messages[1:]]
 
     assert first.status == "circuit-opened"
     assert [r.status for r in rest] == ["circuit-open", "circuit-open"]
@@ -151,7 +152,7 @@ def test_a_401_opens_the_bots_circuit_and_keeps_its_queue(bot, sandbox) -> None:
     assert states == [State.PENDING, State.PENDING, State.RETRY]
     assert not DeadLetter.objects.exists()
     # Still no request while it is open.
-    assert services.outbound_message_send(messages[1].pk).status == "circuit-open"
+    assert single.outbound_message_send(messages[1].pk).status == "circuit-open"
     assert len(sandbox.calls(token=bot.token)) == 1
 
 
@@ -181,7 +182,7 @@ def test_an_answer_lost_after_delivery_makes_the_message_unknown_and_never_resen
     assert (message.state, message.last_error_class) == (State.UNKNOWN, ErrorClass.AMBIGUOUS)
     case = ReconciliationCase.objects.get(message=message)
     assert case.idempotency_key == message.idempotency_key
-    assert services.outbound_message_send(message.pk).status == "not-waiting"
+    assert single.outbound_message_send(message.pk).status == "not-waiting"
     assert len(sandbox.calls(token=bot.token)) == 1
     assert sandbox.sent_texts(token=bot.token) == ["did it arrive?"]
 

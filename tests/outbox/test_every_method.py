@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from outbox import services
+from outbox import methods, services
 from outbox.models import DeadLetter, OutboundMessage, State
 from tests.outbox.helpers import drive
 
@@ -63,12 +63,12 @@ def test_every_method_the_outbox_accepts_is_answered_by_the_sandbox(bot, sandbox
         "answerCallbackQuery": {"callback_query_id": "4382bfdwdsb323b2d9"},
         "deleteMessage": {"message_id": text.telegram_message_id},
     }
-    assert set(later) | {"sendMessage", "sendPhoto"} == services.SUPPORTED_METHODS
+    assert set(later) | {"sendMessage", "sendPhoto"} == methods.SUPPORTED_METHODS
     for method, payload in later.items():
         send(bot, method, payload)
 
     called = [c["method"] for c in sandbox.calls(token=bot.token)]
-    assert sorted(called) == sorted(services.SUPPORTED_METHODS)
+    assert sorted(called) == sorted(methods.SUPPORTED_METHODS)
     stored = sandbox.messages(token=bot.token, chat_id=CHAT, include_deleted=True)
     original = next(m for m in stored if m["message_id"] == text.telegram_message_id)
     assert (original["message"]["text"], original["edited"], original["deleted"]) == ("edited", True, True)

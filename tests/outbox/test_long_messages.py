@@ -11,8 +11,9 @@ from django.db import connection, transaction
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from outbox import drain, services
+from outbox import services
 from outbox.models import DeadLetter, ErrorClass, OutboundMessage, State
+from outbox.sending import batch, single
 from outbox.splitting import utf16_len
 from tests.outbox.helpers import drive
 
@@ -129,7 +130,7 @@ def test_the_parts_arrive_one_after_another_in_order_through_the_drain(bot, sand
 
     sent = 0
     for _ in range(5):
-        sent += drain.outbound_messages_drain(bot.pk).sent
+        sent += batch.outbound_messages_drain(bot.pk).sent
     calls = sandbox.calls(token=bot.token, method="sendMessage")
 
     assert sent == 3
@@ -144,7 +145,7 @@ def test_a_later_part_waits_for_the_first_to_be_sent(bot, sandbox) -> None:
     first, _ = enqueue_long(bot)
     second = parts_of(bot)[1]
 
-    assert services.outbound_message_send(second.pk).status == "waiting-for-earlier"
+    assert single.outbound_message_send(second.pk).status == "waiting-for-earlier"
     drive(first.pk)
     _, second = drive(second.pk)
     assert second.state == State.SENT
@@ -253,8 +254,8 @@ def test_telegrams_message_is_too_long_dead_letters_after_exactly_one_attempt(bo
 def test_a_400_in_a_drain_batch_dead_letters_after_exactly_one_attempt(bot, sandbox) -> None:
     message = _stored_too_long(bot)
 
-    report = drain.outbound_messages_drain(bot.pk)
-    drain.outbound_messages_drain(bot.pk)
+    report = batch.outbound_messages_drain(bot.pk)
+    batch.outbound_messages_drain(bot.pk)
 
     message.refresh_from_db()
     assert report.failed == 1

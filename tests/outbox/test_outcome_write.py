@@ -9,7 +9,8 @@ import pytest
 from django.db import connection
 
 from outbox.models import OutboundMessage, State
-from outbox.services import outbound_message_enqueue, outbound_message_send
+from outbox.sending.single import outbound_message_send
+from outbox.services import outbound_message_enqueue
 from tests.support import wait_until
 
 

@@ -12,7 +12,8 @@ from django.utils import timezone
 
 from outbox.effects import effect_run
 from outbox.models import Effect, EffectState, OnAmbiguous, OutboundMessage, State
-from outbox.services import outbound_message_enqueue, outbound_message_send
+from outbox.sending.single import outbound_message_send
+from outbox.services import outbound_message_enqueue
 from reconciliation import services, sweeper
 from reconciliation.models import AuditEntry, CaseStatus, Decision, ReconciliationCase
 from reconciliation.sweeper import sweep

@@ -15,7 +15,8 @@ from django.utils import timezone
 
 from outbox import circuits
 from outbox.models import Circuit, CircuitState, OutboundMessage, State
-from outbox.services import outbound_message_enqueue, outbound_message_send
+from outbox.sending.single import outbound_message_send
+from outbox.services import outbound_message_enqueue
 from reconciliation.sweeper import sweep
 from tests.reconciliation.factories import message_row
 from tests.support import METRICS_AUTH
@@ -161,7 +162,7 @@ def _run_queued_sends() -> None:
     import redis
     from django.conf import settings
 
-    from outbox.drain import outbound_messages_drain
+    from outbox.sending.batch import outbound_messages_drain
     from tests.support import queued
 
     tasks = queued()

@@ -10,6 +10,7 @@ from django.contrib.auth.models import Group, User
 from bots.models import Bot, ConsumerRun, RunState
 from outbox import services as outbox_services
 from outbox.models import DeadLetter, ErrorClass, OutboundMessage, State
+from outbox.sending import single
 from tests.reconciliation.factories import message_row, stored_update
 
 _keys = itertools.count(1)
@@ -27,7 +28,7 @@ def failed_by_sandbox(
         trace_id=f"trace-{next(_keys)}",
     )
     sandbox.fault("403", count=1)
-    result = outbox_services.outbound_message_send(message.pk)
+    result = single.outbound_message_send(message.pk)
     assert result.status == "dead-lettered"
     return DeadLetter.objects.get(message=message)
 
@@ -110,7 +111,7 @@ def send_now(message_id: int) -> str:
     from tests.support import wait_until
 
     return wait_until(
-        lambda: (status := outbox_services.outbound_message_send(message_id).status) not in ("rate-limited", "not-due")
+        lambda: (status := single.outbound_message_send(message_id).status) not in ("rate-limited", "not-due")
         and status,
         timeout=5,
         interval=0.1,

@@ -10,9 +10,9 @@ claim and the attempt rows are two commits before any request (the sweeper's rec
 depends on it), a chat's ordered messages go one at a time, expired messages are
 cancelled, the relevance check may veto, each message goes at a rate-limit slot of its
 own after the chat's limit and the bot's window allow it, and a failed send is decided by
-`services.record_outcome` exactly as a single one is.
+`rules.record_outcome` exactly as a single one is.
 
-Waking a drain is coalesced per bot: `wake()` publishes a drain task only when none is
+Waking a drain is coalesced per bot (outbox/dispatch.py): `wake_drain()` publishes a drain task only when none is
 queued or running for that bot (a Redis key set with NX; the drain lets go of it when it
 finds nothing more to send, and then looks once more), so a burst of a thousand enqueued
 messages costs one task instead of a thousand. While the bot has room, a drain with a full
@@ -32,14 +32,15 @@ from datetime import timedelta
 import limits.errors
 import redis
 from django.conf import settings
-from django.db import connection
 from django.utils import timezone
 
-from outbox import botapi, circuits, policy, ratelimit, selectors, services, transitions, wakeups
+from outbox import botapi, circuits, policy, ratelimit, selectors, transitions, wakeups
+from outbox.dispatch import continue_drain, dispatch, drain_key, extra_drain_key, fan_out_drain
 from outbox.failpoints import failpoint, uncommitted
 from outbox.logs import current_trace_id
 from outbox.models import Attempt, Circuit, CircuitState, ErrorClass, OutboundMessage
-from outbox.publishing import publish
+from outbox.sending.rules import cancel_reason, limited_chat_id, record_outcome, with_outcome_write_retries
+from outbox.workers import worker_id
 
 logger = logging.getLogger(__name__)
 
@@ -56,46 +57,6 @@ PACE_LEAD_SECONDS = 0.05
 RECORD_GATHER_SECONDS = 0.05
 # Outcomes after which this drain stops and leaves the rest to the retry schedule.
 _STOPS_THE_DRAIN = frozenset({ErrorClass.RATE_LIMITED, ErrorClass.AUTH})
-
-
-def enabled() -> bool:
-    """The drain needs PostgreSQL (SKIP LOCKED) and Redis (the wake-up key); the demo's
-    SQLite and file broker send one message per task."""
-    return settings.DOVECOTE_DRAIN_BATCH_SIZE > 1 and bool(settings.REDIS_URL) and connection.vendor == "postgresql"
-
-
-def _wake_key(bot_id: int) -> str:
-    return wakeups.key("drain", bot_id)
-
-
-def _extra_key(bot_id: int) -> str:
-    return wakeups.key("drain-extra", bot_id)
-
-
-def wake(bot_id: int, *, countdown: float = 0.0) -> bool:
-    """Have a drain of this bot run (after `countdown`) unless one is queued or running:
-    the wake-up key says so, and the running drain lets go of it only when it finds nothing
-    more to send. Never raises: when the broker (Redis) is down the messages stay due in
-    their rows and the sweeper dispatches them.
-
-    A drain lost with its worker or its broker message stops renewing the key, which then
-    expires (wakeups.KEY_TTL_MS); until then wake-ups, the sweeper's too, trust it. The
-    sweeper's next tick wakes a new one: recovery never starts a second pacer for a bot
-    whose drain is alive."""
-    return wakeups.wake(_wake_key(bot_id), lambda: _publish(bot_id, countdown=countdown), countdown=countdown) is True
-
-
-def _fan_out(bot_id: int) -> None:
-    """One more drain of this bot, beside the one that holds the wake-up key, while the bot
-    has room: at most one queued at a time (its own key, deleted as it starts)."""
-    wakeups.wake(_extra_key(bot_id), lambda: _publish(bot_id, extra=True))
-
-
-def _publish(bot_id: int, countdown: float = 0.0, *, extra: bool = False) -> bool:
-    from outbox.tasks import drain_bot
-
-    kwargs = {"extra": True} if extra else {}
-    return publish(drain_bot, (bot_id,), kwargs, countdown=countdown, what=f"drain of bot {bot_id}")
 
 
 @dataclass
@@ -124,24 +85,24 @@ def outbound_messages_drain(bot_id: int, *, batch_size: int | None = None, extra
     """Send the bot's due messages, a batch at a time, until none is left, a wait holds the
     bot (a 429, an open circuit) or the time budget is spent; a continuation then follows.
 
-    A drain woken by `wake()` holds the bot's wake-up key while it runs, so that a burst
+    A drain woken by `wake_drain()` holds the bot's wake-up key while it runs, so that a burst
     wakes no second one; an `extra` drain (fanned out while the bot has room) does not."""
     if extra:
-        wakeups.release(_extra_key(bot_id))
+        wakeups.release(extra_drain_key(bot_id))
     bot = selectors.bot_model().objects.filter(pk=bot_id).first()
     report = DrainReport()
     if bot is None:
         if not extra:
-            wakeups.release(_wake_key(bot_id))
+            wakeups.release(drain_key(bot_id))
         return report
     size = batch_size or settings.DOVECOTE_DRAIN_BATCH_SIZE
     lease = timedelta(seconds=settings.DOVECOTE_SEND_LEASE_SECONDS)
-    worker = services.worker_id()
+    worker = worker_id()
     started = time.monotonic()
     holds_key = not extra
     while True:
         if holds_key:
-            wakeups.renew(_wake_key(bot_id))
+            wakeups.renew(drain_key(bot_id))
         circuit = Circuit.objects.filter(scope=circuits.bot_scope(bot_id)).first()
         with uncommitted("before_claim_commit"):
             messages = transitions.claim_batch(
@@ -158,7 +119,7 @@ def outbound_messages_drain(bot_id: int, *, batch_size: int | None = None, extra
                 return report
             # Let go of the key, then look once more: a message committed while it was
             # still held woke nobody, so this drain must see it.
-            wakeups.release(_wake_key(bot_id))
+            wakeups.release(drain_key(bot_id))
             holds_key = False
             continue
         failpoint("after_claim")
@@ -172,7 +133,7 @@ def outbound_messages_drain(bot_id: int, *, batch_size: int | None = None, extra
         if full and held is None and all(delay <= ratelimit.SLOT_TOLERANCE_SECONDS for _, delay in go):
             # More may be due and the bot has room: let another worker process take the
             # next batch while this one sends. A bot at its rate limit is paced by one drain.
-            _fan_out(bot_id)
+            fan_out_drain(bot_id)
         # A circuit with failures to forget: this batch's successes must reset it.
         dirty = circuit is not None and not (circuit.state == CircuitState.CLOSED and circuit.consecutive_failures == 0)
         held = _send(bot, go, worker=worker, report=report, held=held, circuit_dirty=dirty)
@@ -184,7 +145,7 @@ def outbound_messages_drain(bot_id: int, *, batch_size: int | None = None, extra
             # Each deferred message has its own wake-up, but the rest of the backlog, and the
             # next message of a chat whose message just went, have only this one.
             report.continuation = min(wait, policy.MAX_BROKER_COUNTDOWN_SECONDS)
-            _continue(bot_id, report.continuation, holds_key=holds_key)
+            continue_drain(bot_id, report.continuation, holds_key=holds_key)
             return report
         if wait is not None:
             # The bot's next slots are this close: pace here, and claim the next batch a
@@ -193,16 +154,8 @@ def outbound_messages_drain(bot_id: int, *, batch_size: int | None = None, extra
         elif elapsed > TIME_BUDGET_SECONDS:
             # Also when the batches are not full: a steady trickle would keep it forever.
             report.continuation = 0.0
-            _continue(bot_id, 0.0, holds_key=holds_key)
+            continue_drain(bot_id, 0.0, holds_key=holds_key)
             return report
-
-
-def _continue(bot_id: int, countdown: float, *, holds_key: bool) -> None:
-    """The drain's continuation: it inherits the wake-up key (kept alive until it runs), or,
-    from a drain without the key, it is an ordinary wake-up."""
-    wakeups.hand_over(
-        _wake_key(bot_id), lambda: _publish(bot_id, countdown=countdown), holds_key=holds_key, countdown=countdown
-    )
 
 
 def _drop_expired_and_vetoed(
@@ -214,7 +167,7 @@ def _drop_expired_and_vetoed(
     ready: list[OutboundMessage] = []
     for message in messages:
         current_trace_id.set(message.trace_id)
-        stop = services.cancel_reason(message, now=now)
+        stop = cancel_reason(message, now=now)
         if stop is None:
             ready.append(message)
         elif transitions.cancel_claimed(message, worker=worker, reason=stop[0], error_class=stop[1]):
@@ -287,7 +240,7 @@ def _hold(waits: list[tuple[OutboundMessage, ratelimit.Wait]], *, worker: str, r
         if transitions.release(message, worker=worker, next_attempt_at=now + timedelta(seconds=wait.seconds)):
             report.deferred += 1
             if not wait.beyond_horizon:
-                services.dispatch(message.pk, countdown=wait.seconds, slot_reserved=wait.slot_reserved)
+                dispatch(message.pk, countdown=wait.seconds, slot_reserved=wait.slot_reserved)
             # Beyond the horizon the row holds the wait and the sweeper dispatches it when due.
     return max(wait.seconds for _, wait in waits)
 
@@ -357,7 +310,7 @@ def _send(
             pending = set()
         else:
             outcomes = [(futures[f], f.result()) for f in done]
-        held = services.with_outcome_write_retries(
+        held = with_outcome_write_retries(
             lambda outcomes=outcomes, held=held: _record(outcomes, attempts, worker=worker, report=report, held=held),
             message_ids=[m.pk for m, _ in outcomes],
         )
@@ -381,7 +334,7 @@ def _window(
             wait = ratelimit.acquire(
                 bot_id=bot.pk,
                 bot_rate=bot.rate_limit,
-                chat_id=services.limited_chat_id(message),
+                chat_id=limited_chat_id(message),
                 slot_reserved=True,
             )
         except LIMITER_ERRORS as exc:
@@ -408,7 +361,7 @@ def _record(
     held: float | None,
 ) -> float | None:
     sent = [(m, attempts[m.pk], o) for m, o in outcomes if o.ok]
-    done = transitions.mark_sent_many(sent, worker=worker)
+    done = transitions.mark_sent(sent, worker=worker)
     report.sent += len(done)
     for message, attempt, outcome in sent:
         # Its lease ran out while the request was out, and the sweeper gave it up: the
@@ -422,9 +375,9 @@ def _record(
         report.failed += 1
         report.outcomes[outcome.error_class] = report.outcomes.get(outcome.error_class, 0) + 1
         current_trace_id.set(message.trace_id)
-        result = services.record_outcome(message, worker=worker, attempt=attempts[message.pk], outcome=outcome)
+        result = record_outcome(message, worker=worker, attempt=attempts[message.pk], outcome=outcome)
         if result.countdown is not None:
-            services.dispatch(message.pk, countdown=result.countdown, slot_reserved=result.slot_reserved)
+            dispatch(message.pk, countdown=result.countdown, slot_reserved=result.slot_reserved)
         if outcome.error_class in _STOPS_THE_DRAIN:
             wait = result.countdown if result.countdown is not None else policy.MAX_BROKER_COUNTDOWN_SECONDS
             held = max(held or 0.0, time.monotonic() + wait)

@@ -1,0 +1,136 @@
+"""Handing messages to workers: one message's task, or a wake-up of its bot's drain.
+
+`dispatch` publishes after the row is committed and never raises: when the broker does not
+take the task, the row stays due and the sweeper dispatches it (`redispatch`). A bot's drain
+is woken through a coalesced wake-up key (outbox/wakeups.py): a burst of messages wakes one
+drain; a drain with a full batch fans out one more; a drain that stops with work left
+hands its key over to its continuation. `kick_chat` hands a chat's next ordered message on
+when the one before it is done.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+
+from outbox import policy, selectors, transitions, wakeups
+from outbox.models import OutboundMessage
+from outbox.publishing import publish
+
+
+def dispatch(
+    message_id: int,
+    *,
+    bot_id: int | None = None,
+    countdown: float = 0.0,
+    slot_reserved: bool = False,
+    bulk: bool = False,
+) -> bool:
+    """Hand a message to a worker. Failure to publish is logged, never raised: the row is
+    committed and the sweeper dispatches whatever is overdue. `bulk` (broadcasts) uses the
+    bulk queue, so that replies to people are not stuck behind thousands of notifications.
+
+    Given its `bot_id`, a message due now wakes the bot's batched drain (sending/batch.py)
+    instead of getting a task of its own; a wait, a reserved slot or a broadcast keeps the
+    one-message task."""
+    if countdown > policy.MAX_BROKER_COUNTDOWN_SECONDS:
+        return False  # the sweeper picks it up when due
+    if bot_id is not None and countdown <= 0 and not slot_reserved and not bulk and drain_enabled():
+        return wake_drain(bot_id)
+    from outbox.tasks import send_outbound_message
+
+    kwargs: dict[str, Any] = {"slot_reserved": True} if slot_reserved else {}
+    task: Any = send_outbound_message
+    if bulk:
+        kwargs["bulk"] = True
+        task = send_outbound_message.signature(queue=settings.CELERY_TASK_QUEUE_BULK)
+    return publish(task, (message_id,), kwargs, countdown=countdown, what=f"message {message_id}")
+
+
+def kick_chat(message: OutboundMessage) -> None:
+    """The chat's queue moved on: hand the next ordered message of this chat to a worker.
+    Only ordered messages hold a chat up, so an unordered one (broadcasts) kicks nobody."""
+    if not message.ordered:
+        return
+    next_id = selectors.next_open_message_in_chat(bot_id=message.bot_id, chat_id=message.chat_id)
+    if next_id is not None and next_id != message.pk:
+        dispatch(next_id, bot_id=message.bot_id)
+
+
+def redispatch(pks: list[int], now: datetime, *, probe: bool = False) -> int:
+    """The sweeper's redispatch: make the messages due now and hand them to workers, through
+    their bot's drain (one wake-up per bot: a live drain takes them in turn, a lost one's key
+    expires within seconds and the next sweep wakes a new one), except a circuit's probe and
+    broadcasts, which go one by one. Returns how many were handed on."""
+    drained = not probe and drain_enabled()
+    bots = dict(OutboundMessage.objects.filter(pk__in=pks, broadcast="").values_list("pk", "bot_id")) if drained else {}
+    handed = 0
+    woken: dict[int, list[int]] = {}
+    for pk in pks:
+        if not transitions.make_due(pk, now=now):
+            continue
+        if pk in bots:
+            woken.setdefault(bots[pk], []).append(pk)
+        elif dispatch(pk):
+            handed += 1
+    for bot_id, bot_pks in woken.items():
+        if wake_drain(bot_id):
+            handed += len(bot_pks)
+    return handed
+
+
+# --- the drain's wake-up --------------------------------------------------------------
+
+
+def drain_enabled() -> bool:
+    """The drain needs PostgreSQL (SKIP LOCKED) and Redis (the wake-up key); the demo's
+    SQLite and file broker send one message per task."""
+    return settings.DOVECOTE_DRAIN_BATCH_SIZE > 1 and bool(settings.REDIS_URL) and connection.vendor == "postgresql"
+
+
+def drain_key(bot_id: int) -> str:
+    """The wake-up key the bot's pacing drain holds while it runs."""
+    return wakeups.key("drain", bot_id)
+
+
+def extra_drain_key(bot_id: int) -> str:
+    """The key of the one extra drain a full batch may fan out."""
+    return wakeups.key("drain-extra", bot_id)
+
+
+def wake_drain(bot_id: int, *, countdown: float = 0.0) -> bool:
+    """Have a drain of this bot run (after `countdown`) unless one is queued or running:
+    the wake-up key says so, and the running drain lets go of it only when it finds nothing
+    more to send. Never raises: when the broker (Redis) is down the messages stay due in
+    their rows and the sweeper dispatches them.
+
+    A drain lost with its worker or its broker message stops renewing the key, which then
+    expires (wakeups.KEY_TTL_MS); until then wake-ups, the sweeper's too, trust it. The
+    sweeper's next tick wakes a new one: recovery never starts a second pacer for a bot
+    whose drain is alive."""
+    woken = wakeups.wake(drain_key(bot_id), lambda: _publish_drain(bot_id, countdown=countdown), countdown=countdown)
+    return woken is True
+
+
+def fan_out_drain(bot_id: int) -> None:
+    """One more drain of this bot, beside the one that holds the wake-up key, while the bot
+    has room: at most one queued at a time (its own key, deleted as it starts)."""
+    wakeups.wake(extra_drain_key(bot_id), lambda: _publish_drain(bot_id, extra=True))
+
+
+def continue_drain(bot_id: int, countdown: float, *, holds_key: bool) -> None:
+    """The drain's continuation: it inherits the wake-up key (kept alive until it runs), or,
+    from a drain without the key, it is an ordinary wake-up."""
+    wakeups.hand_over(
+        drain_key(bot_id), lambda: _publish_drain(bot_id, countdown=countdown), holds_key=holds_key, countdown=countdown
+    )
+
+
+def _publish_drain(bot_id: int, countdown: float = 0.0, *, extra: bool = False) -> bool:
+    from outbox.tasks import drain_bot
+
+    kwargs = {"extra": True} if extra else {}
+    return publish(drain_bot, (bot_id,), kwargs, countdown=countdown, what=f"drain of bot {bot_id}")

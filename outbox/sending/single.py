@@ -1,0 +1,114 @@
+"""One message, its own task: the send of a message dispatched alone (a reserved rate-limit
+slot, a broadcast, a circuit's probe, SQLite's demo), and what every drain-less path uses.
+A redelivered task is harmless because the send starts with a claim."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.utils import timezone
+
+from outbox import botapi, circuits, ratelimit, selectors, transitions
+from outbox.dispatch import kick_chat
+from outbox.failpoints import failpoint, uncommitted
+from outbox.logs import current_trace_id
+from outbox.models import ErrorClass, OutboundMessage, State
+from outbox.sending.rules import (
+    EXPIRED_REASON,
+    SendResult,
+    cancel_reason,
+    limited_chat_id,
+    record_outcome,
+    with_outcome_write_retries,
+)
+from outbox.workers import worker_id
+
+# A deferral longer than this is also written to the row (next_attempt_at), so the sweeper
+# does not take the message for lost and dispatch it a second time meanwhile.
+DEFER_IN_ROW_AFTER_SECONDS = 5.0
+
+
+def outbound_message_send(message_id: int, *, slot_reserved: bool = False) -> SendResult:
+    """Send one outbound message, at most once per claim. Safe to call any number of times.
+
+    `slot_reserved`: this call comes back at a rate-limit slot reserved for it earlier.
+    """
+    worker = worker_id()
+    now = timezone.now()
+    message = selectors.outbound_message_for_send(message_id, now=now)
+    if message is None or message.state not in (State.PENDING, State.RETRY):
+        return SendResult("not-waiting")
+    current_trace_id.set(message.trace_id)
+    if message.next_attempt_at > now:
+        # Not this call's turn: a slot reserved for it stays reserved.
+        return SendResult("not-due", (message.next_attempt_at - now).total_seconds(), slot_reserved=slot_reserved)
+    if message.expires_at and message.expires_at <= now:
+        if transitions.cancel(message.pk, reason=EXPIRED_REASON, error_class=ErrorClass.EXPIRED):
+            kick_chat(message)
+        return SendResult("expired")
+    if message.ordered and message.blocked:
+        # An earlier message to this chat goes first; it kicks this one when it is done.
+        # Checked before the circuit, so that a blocked message never spends the probe.
+        return SendResult("waiting-for-earlier")
+    if message.circuit_not_closed and not circuits.try_probe(circuits.bot_scope(message.bot_id)):
+        # The bot's circuit is open (auth failure or operator pause), or another worker is
+        # sending the one half-open probe: keep the queue; the sweeper releases it later.
+        return SendResult("circuit-open")
+    wait = ratelimit.acquire(
+        bot_id=message.bot_id,
+        bot_rate=message.bot.rate_limit,
+        chat_id=limited_chat_id(message),
+        slot_reserved=slot_reserved,
+    )
+    if wait.seconds > 0:
+        # Waiting for a slot is not an attempt and does not hold a worker.
+        if wait.beyond_horizon or wait.seconds > DEFER_IN_ROW_AFTER_SECONDS:
+            transitions.defer(message.pk, until=now + timedelta(seconds=wait.seconds))
+        if wait.beyond_horizon:
+            return SendResult("rate-limited")  # the sweeper dispatches it when due
+        return SendResult("rate-limited", wait.seconds, slot_reserved=wait.slot_reserved)
+
+    lease = timedelta(seconds=settings.DOVECOTE_SEND_LEASE_SECONDS)
+    # The claim also checks that nobody changed the row since it was read (updated_at), so
+    # the row in hand is what gets sent; otherwise claim as usual and read it again.
+    if not _claim(message.pk, worker=worker, lease=lease, unchanged_since=message.updated_at):
+        if not _claim(message.pk, worker=worker, lease=lease):
+            return SendResult("claimed-elsewhere")
+        failpoint("after_claim")
+        message = OutboundMessage.objects.select_related("bot").get(pk=message.pk)
+    else:
+        failpoint("after_claim")
+        message.state, message.lease_owner = State.SENDING, worker
+
+    stop = cancel_reason(message, now=now)  # expiry was checked before the claim: a veto
+    if stop:
+        transitions.cancel_claimed(message, worker=worker, reason=stop[0], error_class=stop[1])
+        kick_chat(message)
+        return SendResult("vetoed")
+
+    attempt = transitions.begin_attempts([message], worker=worker).get(message.pk)
+    if attempt is None:
+        return SendResult("lease-lost")
+    failpoint("before_request")
+    outcome = botapi.call(
+        token=message.bot.token,
+        base_url=message.bot.api_base_url,
+        method=message.method,
+        params={"chat_id": message.chat_id, **message.payload},
+        bot_name=message.bot.name,
+    )
+    failpoint("after_response")
+    result = with_outcome_write_retries(
+        lambda: record_outcome(message, worker=worker, attempt=attempt, outcome=outcome), message_ids=[message.pk]
+    )
+    failpoint("after_record")
+    return result
+
+
+def _claim(message_id: int, *, worker: str, lease: timedelta, unchanged_since: datetime | None = None) -> bool:
+    with uncommitted("before_claim_commit"):
+        claimed = transitions.claim(message_id, worker=worker, lease=lease, unchanged_since=unchanged_since)
+        if claimed:
+            failpoint("before_claim_commit")
+    return claimed
