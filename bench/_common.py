@@ -86,7 +86,7 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval
 
 def start_sandbox(env: dict[str, str], *extra: str) -> tuple[Proc, str]:
     port = free_port()
-    proc = Proc("sandbox", [str(BIN / "python"), "-m", "bots.sandbox.server", "--port", str(port), *extra], env)
+    proc = Proc("sandbox", [str(BIN / "python"), "-m", "bots.sandbox.cli", "--port", str(port), *extra], env)
     url = f"http://127.0.0.1:{port}"
 
     def up() -> bool:

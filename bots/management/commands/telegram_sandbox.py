@@ -7,7 +7,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 
 # Deliberately model-free: the sandbox must start even before the project is migrated.
-from bots.sandbox.server import add_arguments, serve_until_signalled, server_from_options
+from bots.sandbox.cli import add_arguments, serve_until_signalled, server_from_options
 
 
 class Command(BaseCommand):
