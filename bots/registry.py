@@ -25,6 +25,7 @@ takes the run for lost and gives it to another worker.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -32,6 +33,8 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from django.utils.module_loading import autodiscover_modules
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     import telegram
@@ -243,8 +246,10 @@ class ConsumerContext:
         """Write an outbound message (once per key); the outbox delivers it. A text longer
         than Telegram allows is split there into several messages; the first is returned.
         A message the outbox refuses (a caption too long, ...) is a `PermanentError`:
-        running the consumer again would write the same message."""
-        from outbox.services import MessageRejected, outbound_message_enqueue
+        running the consumer again would write the same message. A retry of this run that
+        writes another message under the same key (a model answers differently the second
+        time) gets the first one back: the first answer is the one the chat receives."""
+        from outbox.services import IdempotencyConflict, MessageRejected, outbound_message_enqueue
 
         key = key or self.idempotency_key()
         self._sent += 1
@@ -263,6 +268,11 @@ class ConsumerContext:
             )
         except MessageRejected as exc:
             raise PermanentError(f"the outbox refused the message: {exc}") from exc
+        except IdempotencyConflict as conflict:
+            logger.info(
+                "message %s: a retry wrote another text under key %s; the first stands", conflict.message.pk, key
+            )
+            return conflict.message
         return message
 
     def reply(self, text: str, **payload: Any) -> OutboundMessage:

@@ -58,10 +58,7 @@ def _idempotent(request: Request, endpoint: str, handle: Callable[[str], Respons
         user=request.user,
     )
     if begun.outcome == "mismatch":
-        return Response(
-            {"detail": "this Idempotency-Key was used with a different request body"},
-            status=status.HTTP_422_UNPROCESSABLE_ENTITY,
-        )
+        return _key_reused()
     if begun.outcome == "in_progress":
         return Response(
             {"detail": "a request with this Idempotency-Key is still in progress; retry later"},
@@ -79,6 +76,13 @@ def _idempotent(request: Request, endpoint: str, handle: Callable[[str], Respons
     else:
         idempotency.idempotency_abandon(begun.record)
     return response
+
+
+def _key_reused() -> Response:
+    return Response(
+        {"detail": "this Idempotency-Key was used with a different request body"},
+        status=status.HTTP_422_UNPROCESSABLE_ENTITY,
+    )
 
 
 def _rejected(exc: services.MessageRejected) -> Response:
@@ -139,6 +143,9 @@ class MessageCreateView(APIView):
                     )
             except services.MessageRejected as exc:
                 return _rejected(exc)
+            except services.IdempotencyConflict:
+                # The key's request record was purged, its message was not: same answer as above.
+                return _key_reused()
             return Response(_message_body(message.pk, request), status=status.HTTP_201_CREATED if created else 200)
 
         return _idempotent(request, "messages", handle)

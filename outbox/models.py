@@ -54,6 +54,14 @@ class OutboundMessage(models.Model):
         max_length=255,
         help_text="Stable key of this send, unique per bot. A retry reuses it; a new intent gets a new one.",
     )
+    request_fingerprint = models.CharField(
+        max_length=64,
+        blank=True,
+        default="",
+        editable=False,
+        help_text="sha256 of the call as first enqueued (method, chat, payload): the same key with another "
+        "call is a conflict, not a replay. Empty on rows older than the check.",
+    )
     trace_id = models.CharField(max_length=64, blank=True, db_index=True, help_text="Follows one update end to end.")
     source_update = models.ForeignKey(
         "bots.InboundUpdate",

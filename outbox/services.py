@@ -5,6 +5,7 @@ rows to workers outbox/dispatch.py."""
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import time
 from dataclasses import dataclass
@@ -22,6 +23,21 @@ from outbox.methods import CREATES_MESSAGE, SUPPORTED_METHODS, ordered_by_defaul
 from outbox.models import OnAmbiguous, OutboundMessage
 
 logger = logging.getLogger(__name__)
+
+
+class IdempotencyConflict(Exception):
+    """The key was used before for another call (another chat, method or payload): a retry
+    must repeat the call it retries. `message` is the message the key already names."""
+
+    def __init__(self, message: OutboundMessage) -> None:
+        super().__init__(f"idempotency key {message.idempotency_key!r} was used for a different call")
+        self.message = message
+
+
+def call_fingerprint(method: str, chat_id: int, payload: dict[str, Any]) -> str:
+    """sha256 of a call in a canonical form (key order does not matter)."""
+    canonical = json.dumps([method, chat_id, payload], sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 class MessageRejected(ValueError):
@@ -140,7 +156,8 @@ def outbound_message_enqueue(
 ) -> tuple[OutboundMessage, bool]:
     """Write a message to the outbox (once per key) and dispatch it after commit.
 
-    Returns (message, created). The same key returns the stored message untouched.
+    Returns (message, created). The same key with the same call returns the stored message
+    untouched; with another call (chat, method or payload) it raises IdempotencyConflict.
 
     A sendMessage longer than Telegram allows (4,096 UTF-16 units after entity parsing) is
     split (outbox/splitting.py) into ordered messages written in one transaction: the first
@@ -155,8 +172,10 @@ def outbound_message_enqueue(
         idempotency_key=idempotency_key, send_at=send_at, expires_at=expires_at, on_ambiguous=on_ambiguous
     )
     payloads = _parts(method, payload)
+    fingerprint = call_fingerprint(method, chat_id, payload)
     now = timezone.now()
     defaults = {
+        "request_fingerprint": fingerprint,
         "chat_id": chat_id,
         "method": method,
         "payload": payloads[0],
@@ -198,7 +217,9 @@ def outbound_message_enqueue(
                 f"the keys of this message's parts ({idempotency_key}#2, ...) are taken by other messages",
                 field="idempotency_key",
             ) from None
-        return first, False
+        message, created = first, False
+    if not created and message.request_fingerprint and message.request_fingerprint != fingerprint:
+        raise IdempotencyConflict(message)
     if created:
         delay = max(0.0, (message.next_attempt_at - now).total_seconds())
 

@@ -498,3 +498,36 @@ def test_a_long_model_answer_is_sent_whole_in_parts_not_cut_off(bot_factory, san
 
     texts = sandbox.sent_texts(token=shop.token, chat_id=80)
     assert texts == [("First paragraph. " * 200).strip(), "Second paragraph. " * 100 + "The end."]
+
+
+answers: list[str] = []
+
+
+@pytest.fixture
+def fickle_model_consumer() -> Iterator[None]:
+    """A model that answers differently each time, and fails after its first answer."""
+
+    @registry.consumer("fickle_model", update_types=["message"])
+    def fickle_model(ctx: registry.ConsumerContext) -> None:
+        answers.append(f"answer {len(answers) + 1}")
+        ctx.reply(answers[-1])
+        if len(answers) == 1:
+            raise registry.TransientError("the model timed out after writing its answer")
+
+    answers.clear()
+    yield
+    registry.unregister("fickle_model")
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("fickle_model_consumer")
+def test_a_retry_that_writes_another_answer_under_the_same_key_keeps_the_first(bot, sandbox) -> None:
+    update = receive(bot, message_update(chat_id=81, text="hello", message_id=1))
+
+    assert execute(update, "fickle_model") == "retry"
+    assert execute(update, "fickle_model", due_now=True) == "done"
+    deliver(bot)
+
+    assert answers == ["answer 1", "answer 2"]
+    assert sandbox.sent_texts(token=bot.token) == ["answer 1"]
+    assert OutboundMessage.objects.filter(consumer="fickle_model").count() == 1

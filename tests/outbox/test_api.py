@@ -83,6 +83,16 @@ def test_the_same_key_with_another_body_is_422(alice, bot) -> None:
     assert OutboundMessage.objects.count() == 1
 
 
+def test_the_same_key_with_another_body_is_422_after_its_request_record_was_purged(alice, bot) -> None:
+    post_message(alice, body_for(bot))
+    IdempotencyRecord.objects.all().delete()  # retention keeps records for a while, messages longer
+    response = post_message(alice, body_for(bot, chat_id=9999))
+
+    assert response.status_code == 422
+    assert OutboundMessage.objects.count() == 1
+    assert post_message(alice, body_for(bot)).status_code == 200  # the same body is still a replay
+
+
 def test_the_same_key_while_the_first_request_is_in_progress_is_409(alice, bot) -> None:
     body = body_for(bot)
     # The first request has claimed the key and not answered yet.

@@ -49,6 +49,41 @@ def test_the_same_key_twice_makes_one_row_and_one_message(bot, sandbox) -> None:
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize(
+    "other",
+    [{"chat_id": 8}, {"payload": {"text": "pressed twice"}}, {"method": "sendDice", "payload": {"emoji": "🎲"}}],
+    ids=["chat", "payload", "method"],
+)
+def test_the_same_key_for_another_call_is_a_conflict_not_a_replay(bot, sandbox, other) -> None:
+    first, _ = services.outbound_message_enqueue(
+        bot_id=bot.pk, chat_id=7, payload={"text": "pressed"}, idempotency_key="button:43"
+    )
+    call = {"bot_id": bot.pk, "chat_id": 7, "payload": {"text": "pressed"}, "idempotency_key": "button:43", **other}
+    with pytest.raises(services.IdempotencyConflict) as conflict:
+        services.outbound_message_enqueue(**call)
+    drive(first.pk)
+
+    assert conflict.value.message.pk == first.pk
+    assert OutboundMessage.objects.filter(bot=bot).count() == 1
+    assert sandbox.sent_texts(token=bot.token) == ["pressed"]
+    # The same call again, with its keys in another order, is still a replay.
+    again, created = services.outbound_message_enqueue(
+        idempotency_key="button:43", payload={"text": "pressed"}, chat_id=7, bot_id=bot.pk
+    )
+    assert (again.pk, created) == (first.pk, False)
+
+
+@pytest.mark.django_db
+def test_a_message_written_before_the_conflict_check_replays_whatever_the_call(bot) -> None:
+    first, _ = services.outbound_message_enqueue(bot_id=bot.pk, chat_id=7, payload={"text": "a"}, idempotency_key="old")
+    OutboundMessage.objects.filter(pk=first.pk).update(request_fingerprint="")
+    again, created = services.outbound_message_enqueue(
+        bot_id=bot.pk, chat_id=7, payload={"text": "b"}, idempotency_key="old"
+    )
+    assert (again.pk, created) == (first.pk, False)
+
+
+@pytest.mark.django_db
 def test_an_idempotency_key_must_be_1_to_255_characters_without_control_characters(bot) -> None:
     # A NUL reached PostgreSQL and came back as a 500 (found by the API's property test).
     for key in ["", "x" * 256, "\x00", "order\n42"]:
