@@ -86,10 +86,11 @@ class Bot(models.Model):
 
 
 class UpdateState(models.TextChoices):
+    """An update is stored `new` and routed (its consumer runs written) in one transaction
+    that makes it `done`: there is no state in between to be stranded in."""
+
     NEW = "new", "new"
-    PROCESSING = "processing", "processing"
     DONE = "done", "done (routed to consumers)"
-    FAILED = "failed", "failed"
 
 
 class InboundUpdate(models.Model):
@@ -106,8 +107,6 @@ class InboundUpdate(models.Model):
     state = models.CharField(max_length=16, choices=UpdateState.choices, default=UpdateState.NEW)
     attempts = models.PositiveIntegerField(default=0)
     next_attempt_at = models.DateTimeField(help_text="When routing is due (again).")
-    lease_owner = models.CharField(max_length=200, blank=True)
-    lease_expires_at = models.DateTimeField(null=True, blank=True)
     trace_id = models.CharField(max_length=64, db_index=True)
     last_error = models.TextField(blank=True)
     received_at = models.DateTimeField(auto_now_add=True)
@@ -124,7 +123,6 @@ class InboundUpdate(models.Model):
         ]
         indexes = [
             models.Index(fields=["next_attempt_at"], name="inbox_due_idx", condition=Q(state="new")),
-            models.Index(fields=["lease_expires_at"], name="inbox_lease_idx", condition=Q(state="processing")),
             models.Index(fields=["bot", "chat_id", "-received_at"], name="inbox_chat_idx"),
             # The admin's search by chat id, any bot.
             models.Index(fields=["chat_id", "id"], name="inbox_chat_search_idx"),

@@ -64,20 +64,16 @@ def updates_prunable_qs(cutoff: datetime, max_id: int) -> QuerySet[InboundUpdate
 
 
 def updates_failed_prunable_qs(cutoff: datetime, max_id: int) -> QuerySet[InboundUpdate]:
-    """Updates whose routing or runs failed, received before `cutoff`, with nothing left to
-    do: no run unfinished and no dead letter open."""
-    qs = InboundUpdate.objects.filter(
-        id__lte=max_id, state__in=[UpdateState.DONE, UpdateState.FAILED], received_at__lt=cutoff
-    )
+    """Updates with a failed or cancelled run, received before `cutoff`, with nothing left
+    to do: no run unfinished and no dead letter open."""
+    qs = InboundUpdate.objects.filter(id__lte=max_id, state=UpdateState.DONE, received_at__lt=cutoff)
     return _without(qs, live_run_exists(id=OuterRef("pk")))
 
 
 def payloads_purgeable_qs(cutoff: datetime) -> QuerySet[InboundUpdate]:
     """Updates received before `cutoff` whose text is still kept (inbox_purge_idx), with no
     run that may still read it."""
-    qs = InboundUpdate.objects.filter(
-        received_at__lt=cutoff, payload_purged_at__isnull=True, state__in=[UpdateState.DONE, UpdateState.FAILED]
-    )
+    qs = InboundUpdate.objects.filter(received_at__lt=cutoff, payload_purged_at__isnull=True, state=UpdateState.DONE)
     return _without(qs, live_run_exists(id=OuterRef("pk")))
 
 
@@ -123,7 +119,7 @@ def tasks(now: datetime) -> list[retention.Task]:
 
     - update payloads are cut to their update_id after DOVECOTE_PAYLOAD_RETENTION_DAYS;
     - updates whose runs all finished well go after DOVECOTE_LEDGER_RETENTION_DAYS;
-    - updates whose routing or runs failed go after DOVECOTE_FAILED_RETENTION_DAYS, once no
+    - updates with a failed or cancelled run go after DOVECOTE_FAILED_RETENTION_DAYS, once no
       dead letter of theirs is open (0 keeps them);
     - chat states go after DOVECOTE_CHAT_STATE_RETENTION_DAYS of quiet (0 keeps them).
     """

@@ -31,8 +31,6 @@ def take_updates_to_route(updates: QuerySet[InboundUpdate], *, limit: int) -> li
             state=UpdateState.DONE,
             processed_at=timezone.now(),
             attempts=F("attempts") + 1,
-            lease_owner="",
-            lease_expires_at=None,
         )
     return taken
 
@@ -40,14 +38,6 @@ def take_updates_to_route(updates: QuerySet[InboundUpdate], *, limit: int) -> li
 def make_update_due(update_id: int, *, now: datetime) -> bool:
     """new -> new, due now (the sweeper redispatches an update whose routing was lost)."""
     return InboundUpdate.objects.filter(pk=update_id, state=UpdateState.NEW).update(next_attempt_at=now) == 1
-
-
-def release_expired_update(update_id: int, *, now: datetime) -> bool:
-    """processing (lease expired) -> new, due now."""
-    n = InboundUpdate.objects.filter(pk=update_id, state=UpdateState.PROCESSING, lease_expires_at__lt=now).update(
-        state=UpdateState.NEW, next_attempt_at=now, lease_owner="", lease_expires_at=None
-    )
-    return n == 1
 
 
 def make_run_due(run_id: int, *, now: datetime) -> bool:

@@ -29,7 +29,7 @@ LATENCY_SAMPLE = 10_000  # newest replies considered for the percentiles
 BACKLOG_STATES = {
     "outbox": [State.PENDING, State.RETRY, State.SENDING, State.UNKNOWN],
     "consumer_runs": [RunState.PENDING, RunState.RETRY, RunState.RUNNING],
-    "inbox": [UpdateState.NEW, UpdateState.PROCESSING],
+    "inbox": [UpdateState.NEW],
 }
 
 
@@ -169,7 +169,6 @@ PALETTE = {
     "cancelled": "#999",
     "unknown": "#8e44ad",
     "new": "#7aa6c2",
-    "processing": "#4a90d9",
     "done": "#3c9a5f",
     "running": "#4a90d9",
 }

@@ -85,10 +85,6 @@ def updates_unrouted_qs(now: datetime) -> QuerySet[InboundUpdate]:
     return InboundUpdate.objects.filter(state=UpdateState.NEW, next_attempt_at__lte=now - redispatch_grace())
 
 
-def updates_expired_qs(now: datetime) -> QuerySet[InboundUpdate]:
-    return InboundUpdate.objects.filter(state=UpdateState.PROCESSING, lease_expires_at__lt=now)
-
-
 def runs_expired_qs(now: datetime) -> QuerySet[ConsumerRun]:
     return ConsumerRun.objects.filter(state=RunState.RUNNING, lease_expires_at__lt=now)
 
@@ -188,11 +184,6 @@ def _recover_inbox(now: datetime, report: dict[str, int]) -> None:
     for pk in _ids(updates_unrouted_qs(now), "next_attempt_at"):
         if bot_transitions.make_update_due(pk, now=now) and bot_services.dispatch_update(pk):
             report["updates_redispatched"] += 1
-    # Updates whose router died holding them (the inbox has no such state in use today,
-    # but a row left `processing` must not be stranded): back to new.
-    for pk in _ids(updates_expired_qs(now), "lease_expires_at"):
-        if bot_transitions.release_expired_update(pk, now=now) and bot_services.dispatch_update(pk):
-            report["updates_released"] += 1
 
 
 def _recover_runs(now: datetime, report: dict[str, int]) -> None:
@@ -390,7 +381,6 @@ def sweep() -> dict[str, int]:
     report = dict.fromkeys(
         (
             "updates_redispatched",
-            "updates_released",
             "runs_released",
             "runs_dead_lettered",
             "runs_cancelled_too_old",

@@ -28,7 +28,6 @@ ROWS = 3000
 
 PLANS: list[tuple[str, Callable[[], Any], str, str]] = [
     ("unrouted updates", lambda: sweeper.updates_unrouted_qs(NOW), "next_attempt_at", "inbox_due_idx"),
-    ("expired update leases", lambda: sweeper.updates_expired_qs(NOW), "lease_expires_at", "inbox_lease_idx"),
     (
         "expired run leases",
         lambda: sweeper.runs_expired_qs(NOW),
