@@ -20,8 +20,8 @@ class State(models.TextChoices):
     UNKNOWN = "unknown", "unknown (ambiguous)"
 
 
+# Waiting to be sent: due now or later.
 WAITING_STATES = (State.PENDING, State.RETRY)
-FINAL_STATES = (State.SENT, State.FAILED, State.CANCELLED)
 
 
 class ErrorClass(models.TextChoices):

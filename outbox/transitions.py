@@ -21,10 +21,10 @@ from django.utils import timezone
 
 from outbox import chat_order, circuits, metrics, selectors
 from outbox.botapi import CallOutcome
-from outbox.models import Attempt, DeadLetter, DeadLetterStatus, ErrorClass, OutboundMessage, State
+from outbox.models import WAITING_STATES, Attempt, DeadLetter, DeadLetterStatus, ErrorClass, OutboundMessage, State
 from outbox.signals import message_ambiguous, message_dead_lettered, message_delivered_late
 
-WAITING = [State.PENDING, State.RETRY]
+WAITING = list(WAITING_STATES)
 
 # The send path's transitions (claim, begin_attempts, mark_sent) are one hand-written
 # statement each on PostgreSQL: the same conditional UPDATEs, without the ORM's query
@@ -438,6 +438,11 @@ def replace_failed_payload(message_id: int, payload: dict[str, Any]) -> bool:
         payload=payload, updated_at=timezone.now()
     )
     return n == 1
+
+
+def assign_dead_letter(letter_id: int, *, owner: Any) -> bool:
+    """Name the user who owns a dead letter's triage (None clears it)."""
+    return DeadLetter.objects.filter(pk=letter_id).update(owner=owner) == 1
 
 
 def close_dead_letter(letter_id: int, *, status: str, note: str) -> bool:

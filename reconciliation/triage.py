@@ -265,7 +265,7 @@ def dead_letter_assign(letter: DeadLetter, user: Any, owner: Any) -> None:
     """Name the person who owns this dead letter (None clears it)."""
     with transaction.atomic():
         previous = DeadLetter.objects.filter(pk=letter.pk).values_list("owner__username", flat=True).first()
-        DeadLetter.objects.filter(pk=letter.pk).update(owner=_user(owner))
+        outbox_transitions.assign_dead_letter(letter.pk, owner=_user(owner))
         audit_record(
             actor=user,
             action="deadletter.assign",
