@@ -20,7 +20,13 @@ from bots.models import AnalyticsEvent
 from bots.registry import AuthError, ConsumerContext, PermanentError, TransientError, consumer
 
 
-@consumer("auto_reply", update_types=["message"], max_attempts=5)
+def answers_at_once(update: Any) -> bool:
+    """The echo responder (or none) answers without a network call: inline-safe. A model
+    (openai) keeps a task of its own, with its own time limit."""
+    return update.bot.responder in ("echo", "none")
+
+
+@consumer("auto_reply", update_types=["message"], max_attempts=5, inline=answers_at_once)
 def auto_reply(ctx: ConsumerContext) -> str:
     """Answer a chat's messages with the bot's responder (see bots/replies.py)."""
     return replies.auto_reply_run(ctx)
@@ -108,7 +114,7 @@ def _timestamp(value: Any) -> datetime | None:
     return None
 
 
-@consumer("analytics", max_attempts=3)
+@consumer("analytics", max_attempts=3, inline=True)
 def analytics(ctx: ConsumerContext) -> str:
     """One event row per update: type, chat, and latency from Telegram's date to receipt
     (whole seconds). An edit is timed from its `edit_date`: its `date` is the original

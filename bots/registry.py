@@ -116,6 +116,7 @@ class ConsumerSpec:
     max_age: timedelta = timedelta(hours=24)
     enabled: Callable[[], bool] = field(default=lambda: True)
     timeout: float | None = None
+    inline: bool | Callable[[InboundUpdate], bool] = False
 
     def wants(self, update: InboundUpdate) -> bool:
         if not self.enabled():
@@ -123,6 +124,11 @@ class ConsumerSpec:
         if self.update_types is not None and update.update_type not in self.update_types:
             return False
         return self.chat_types is None or update.chat_type in self.chat_types
+
+    def runs_inline(self, update: InboundUpdate) -> bool:
+        """Whether this update's run may go in the router's own task (DOVECOTE_INLINE_WORK):
+        the consumer said it is cheap and synchronous for such an update."""
+        return self.inline(update) if callable(self.inline) else self.inline
 
     def time_limit(self) -> float:
         """Seconds a run may take before it is interrupted (Celery's soft time limit)."""
@@ -151,8 +157,14 @@ def consumer(
     max_age: timedelta = timedelta(hours=24),
     enabled: Callable[[], bool] | None = None,
     timeout: float | None = None,
+    inline: bool | Callable[[InboundUpdate], bool] = False,
 ) -> Callable[[Callable[[ConsumerContext], Any]], Callable[[ConsumerContext], Any]]:
-    """Register a consumer under a stable name (the name is stored in runs and keys)."""
+    """Register a consumer under a stable name (the name is stored in runs and keys).
+
+    `inline`: the consumer is cheap and synchronous (no network call of its own, well under
+    a second), so the router may run it in its own task right after routing, saving a Celery
+    hop; a callable decides per update. Its run is still a row with its attempts and dead
+    letter, recovered by the sweeper if the router dies."""
 
     def decorator(func: Callable[[ConsumerContext], Any]) -> Callable[[ConsumerContext], Any]:
         if name in _registry and _registry[name].func is not func:
@@ -167,6 +179,7 @@ def consumer(
             max_age=max_age,
             enabled=enabled or (lambda: True),
             timeout=timeout,
+            inline=inline,
         )
         return func
 

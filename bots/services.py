@@ -7,6 +7,8 @@ import secrets
 import time
 import uuid
 from collections.abc import Callable
+from contextvars import ContextVar
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import cache
 from typing import Any
@@ -22,9 +24,11 @@ from django.utils import timezone
 from bots import registry, transitions
 from bots.models import Bot, ConsumerRun, InboundUpdate
 from outbox import circuits, metrics, wakeups
+from outbox import dispatch as outbox_dispatch
 from outbox.logs import current_trace_id
 from outbox.models import Circuit, CircuitState, DeadLetter
 from outbox.publishing import publish
+from outbox.sending import single
 from outbox.workers import worker_id
 
 logger = logging.getLogger(__name__)
@@ -180,29 +184,48 @@ ROUTE_TIME_BUDGET_SECONDS = 10.0
 def inbox_update_route(update_pk: int) -> list[int]:
     """Route one update (the sweeper's redispatch, and the demo's per-update task): its
     consumer runs and the update marked routed, in one transaction; the runs dispatched
-    after commit. Routing is decided once and recorded. Returns the runs' ids."""
+    after commit, or run here (inline-safe consumers). Routing is decided once and recorded.
+    Returns the runs' ids."""
     with transaction.atomic():
         taken = transitions.take_updates_to_route(InboundUpdate.objects.filter(pk=update_pk), limit=1)
-        created = _write_runs(taken)
-    return [pk for pk, _ in created]
+        routing = _write_runs(taken)
+    _run_inline_and_log(taken, routing)
+    return [pk for pk, _, _ in routing.runs]
 
 
 def inbox_updates_route(bot_id: int, *, limit: int = ROUTE_BATCH_SIZE) -> int:
     """Route up to `limit` of the bot's new updates, oldest first, in one transaction (their
-    runs in one INSERT). Routers on other workers take other rows. Returns how many."""
+    runs in one INSERT), then run the inline-safe ones here. Routers on other workers take
+    other rows. Returns how many updates."""
+    bot = Bot.objects.filter(pk=bot_id).first()
     with transaction.atomic():
         taken = transitions.take_updates_to_route(InboundUpdate.objects.filter(bot_id=bot_id), limit=limit)
-        _write_runs(taken)
+        for update in taken:
+            if bot is not None:
+                update._state.fields_cache["bot"] = bot  # one bot: no query per update
+        routing = _write_runs(taken)
+    _run_inline_and_log(taken, routing)
     return len(taken)
 
 
-def _write_runs(updates: list[InboundUpdate]) -> list[tuple[int, str]]:
-    """One ConsumerRun per matching consumer of each (just taken) update, dispatched after
-    commit. Returns (run id, consumer) of every run of these updates."""
+@dataclass(frozen=True)
+class Routing:
+    """The runs of just-routed updates: (run id, update id, consumer), and which to run here."""
+
+    runs: list[tuple[int, int, str]]
+    inline: set[int]
+
+
+def _write_runs(updates: list[InboundUpdate]) -> Routing:
+    """One ConsumerRun per matching consumer of each (just taken) update. Those of inline-safe
+    consumers (registry.consumer) are left for the caller to run after the commit; the
+    others are dispatched after it."""
     if not updates:
-        return []
+        return Routing([], set())
     now = timezone.now()
     matched = {u.pk: registry.matching(u) for u in updates}
+    inline_work = settings.DOVECOTE_INLINE_WORK
+    inline_keys = {(u.pk, spec.name) for u in updates for spec in matched[u.pk] if inline_work and spec.runs_inline(u)}
     runs = [
         ConsumerRun(
             update=u,
@@ -216,15 +239,46 @@ def _write_runs(updates: list[InboundUpdate]) -> list[tuple[int, str]]:
         for spec in matched[u.pk]
     ]
     ConsumerRun.objects.bulk_create(runs, ignore_conflicts=True)
-    created = list(ConsumerRun.objects.filter(update__in=updates).order_by("pk").values_list("pk", "consumer"))
-    transaction.on_commit(lambda: [dispatch_run(pk, consumer=name) for pk, name in created])
+    rows = list(
+        ConsumerRun.objects.filter(update__in=updates).order_by("pk").values_list("pk", "update_id", "consumer")
+    )
+    inline = {pk for pk, update_pk, name in rows if (update_pk, name) in inline_keys}
+    queued = [(pk, name) for pk, _, name in rows if pk not in inline]
+    transaction.on_commit(lambda: [dispatch_run(pk, consumer=name) for pk, name in queued])
+    return Routing(rows, inline)
+
+
+def _run_inline_and_log(updates: list[InboundUpdate], routing: Routing) -> None:
+    """Run the inline-safe runs in this task, after the routing commit (each is a committed
+    row first, so a router that dies here leaves them pending for the sweeper), then log
+    one line per update: where it went and what ran here (a run's failure logs its own)."""
+    outcomes: dict[int, str] = {}
+    token = _quiet_success.set(True)
+    try:
+        for pk, _, _ in routing.runs:
+            if pk in routing.inline:
+                outcomes[pk] = consumer_run_execute(pk)
+    finally:
+        _quiet_success.reset(token)
+    by_update: dict[int, list[tuple[int, str]]] = {}
+    for pk, update_pk, name in routing.runs:
+        by_update.setdefault(update_pk, []).append((pk, name))
     for u in updates:
-        names = [spec.name for spec in matched[u.pk]]
+        runs = by_update.get(u.pk, [])
+        names = [name for _, name in runs]
+        here = ", ".join(f"{name} {outcomes[pk]}" for pk, name in runs if pk in outcomes)
         current_trace_id.set(u.trace_id)
         logger.info(
-            "update %s routed to %s", u.update_id, ", ".join(names) or "no consumer", extra={"consumers": names}
+            "update %s routed to %s%s",
+            u.update_id,
+            ", ".join(names) or "no consumer",
+            f"; ran here: {here}" if here else "",
+            extra={"consumers": names},
         )
-    return created
+
+
+# Set while the router runs inline runs: their successes are told in its one line per update.
+_quiet_success: ContextVar[bool] = ContextVar("dovecote_quiet_success", default=False)
 
 
 def _router_key(bot_id: int) -> str:
@@ -287,7 +341,16 @@ def consumer_run_execute(run_pk: int) -> str:
         nonlocal consumer
         consumer = name
 
-    outcome = _consumer_run_execute(run_pk, named)
+    if not settings.DOVECOTE_INLINE_WORK:
+        outcome = _consumer_run_execute(run_pk, named)
+    else:
+        # The replies this run writes go out from this worker right after their commit.
+        held: list[tuple[int, int]] = []
+        try:
+            with outbox_dispatch.holding() as held:
+                outcome = _consumer_run_execute(run_pk, named)
+        finally:
+            single.send_held(held)
     metrics.CONSUMER_RUNS.labels(consumer=consumer, outcome=outcome).inc()
     return outcome
 
@@ -378,7 +441,8 @@ def _consumer_run_execute(run_pk: int, named: Callable[[str], None]) -> str:
     circuits.record_success(circuits.consumer_scope(spec.name))
     outcome = returned if isinstance(returned, str) else "done"
     transitions.mark_run_done(run.pk, worker=worker, outcome=outcome)
-    logger.info("consumer %s done on update %s: %s", spec.name, run.update.update_id, outcome)
+    if not _quiet_success.get():
+        logger.info("consumer %s done on update %s: %s", spec.name, run.update.update_id, outcome)
     return "done"
 
 

@@ -10,6 +10,9 @@ when the one before it is done.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import datetime
 from typing import Any
 
@@ -38,6 +41,10 @@ def dispatch(
     one-message task."""
     if countdown > policy.MAX_BROKER_COUNTDOWN_SECONDS:
         return False  # the sweeper picks it up when due
+    held = _held.get()
+    if held is not None and bot_id is not None and countdown <= 0 and not slot_reserved and not bulk:
+        held.append((message_id, bot_id))  # the caller sends it itself (holding, below)
+        return True
     if bot_id is not None and countdown <= 0 and not slot_reserved and not bulk and drain_enabled():
         return wake_drain(bot_id)
     from outbox.tasks import send_outbound_message
@@ -48,6 +55,23 @@ def dispatch(
         kwargs["bulk"] = True
         task = send_outbound_message.signature(queue=settings.CELERY_TASK_QUEUE_BULK)
     return publish(task, (message_id,), kwargs, countdown=countdown, what=f"message {message_id}")
+
+
+_held: ContextVar[list[tuple[int, int]] | None] = ContextVar("dovecote_held_dispatches", default=None)
+
+
+@contextmanager
+def holding() -> Iterator[list[tuple[int, int]]]:
+    """While the block runs, messages due now that `dispatch` would hand to the bot's drain
+    are kept in the yielded list of (message id, bot id) instead: the caller, a worker that
+    just wrote them, sends them itself right after (outbox.sending.single.send_held). A
+    message the caller then cannot send goes to the drain as usual."""
+    held: list[tuple[int, int]] = []
+    token = _held.set(held)
+    try:
+        yield held
+    finally:
+        _held.reset(token)
 
 
 def kick_chat(message: OutboundMessage) -> None:

@@ -206,8 +206,13 @@ class Wait:
 GO = Wait()
 
 
-def acquire(*, bot_id: int, bot_rate: int, chat_id: int | None, slot_reserved: bool = False) -> Wait:
+def acquire(
+    *, bot_id: int, bot_rate: int, chat_id: int | None, slot_reserved: bool = False, horizon: float | None = None
+) -> Wait:
     """Take a send slot for this bot and chat, or say how long to wait.
+
+    `horizon`: reserve a later slot only this far ahead (default: a broker countdown); with
+    SLOT_TOLERANCE_SECONDS, only a slot that is free now, else nothing is reserved.
 
     Waiting is not an attempt: the caller reschedules the send and frees its worker slot.
     A Telegram 429 pause is honoured even with the limiter switched off.
@@ -226,7 +231,8 @@ def acquire(*, bot_id: int, bot_rate: int, chat_id: int | None, slot_reserved: b
         if paused > 0:
             return Wait(paused)
     else:
-        kind, seconds = reserve_slot(bot_id, bot_rate, horizon=policy.MAX_BROKER_COUNTDOWN_SECONDS)
+        ahead = policy.MAX_BROKER_COUNTDOWN_SECONDS if horizon is None else horizon
+        kind, seconds = reserve_slot(bot_id, bot_rate, horizon=ahead)
         if kind == "paused":
             return Wait(seconds)
         if kind == "full":

@@ -258,6 +258,10 @@ DOVECOTE_TELEGRAM_READ_TIMEOUT = env.float("DOVECOTE_TELEGRAM_READ_TIMEOUT", def
 # A worker's claim on a row; the sweeper treats rows past their lease as abandoned.
 # Due messages of one bot sent per batch by the drain (outbox/sending/batch.py); 1 sends one per task.
 DOVECOTE_DRAIN_BATCH_SIZE = env.int("DOVECOTE_DRAIN_BATCH_SIZE", default=8)
+# Inline work on the hot path: consumers declared inline-safe run in the router's task, and a
+# consumer's replies are sent by its own worker right after the commit when the bot has room
+# (the drain stays for backlogs, retries and pacing). Off: a task for every run and send.
+DOVECOTE_INLINE_WORK = env.bool("DOVECOTE_INLINE_WORK", default=True)
 DOVECOTE_SEND_LEASE_SECONDS = env.int("DOVECOTE_SEND_LEASE_SECONDS", default=60)
 DOVECOTE_CONSUMER_LEASE_SECONDS = env.int("DOVECOTE_CONSUMER_LEASE_SECONDS", default=300)
 # A consumer run is interrupted after this (Celery's soft time limit; a consumer's own `timeout`

@@ -91,6 +91,7 @@ def process_env(transactional_db: None, sandbox_server: SandboxServer) -> dict[s
         DOVECOTE_QUEUE_PREFIX="test.",
         TELEGRAM_API_BASE_URL=sandbox_server.base_url,
         DOVECOTE_REPLY_DEBOUNCE_SECONDS="0",
+        DOVECOTE_INLINE_WORK="1",
     )
 
 

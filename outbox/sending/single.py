@@ -4,13 +4,14 @@ A redelivered task is harmless because the send starts with a claim."""
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.utils import timezone
 
 from outbox import botapi, circuits, ratelimit, selectors, transitions
-from outbox.dispatch import kick_chat
+from outbox.dispatch import dispatch, kick_chat
 from outbox.failpoints import failpoint, uncommitted
 from outbox.logs import current_trace_id
 from outbox.models import ErrorClass, OutboundMessage, State
@@ -24,15 +25,19 @@ from outbox.sending.rules import (
 )
 from outbox.workers import worker_id
 
+logger = logging.getLogger(__name__)
+
 # A deferral longer than this is also written to the row (next_attempt_at), so the sweeper
 # does not take the message for lost and dispatch it a second time meanwhile.
 DEFER_IN_ROW_AFTER_SECONDS = 5.0
 
 
-def outbound_message_send(message_id: int, *, slot_reserved: bool = False) -> SendResult:
+def outbound_message_send(message_id: int, *, slot_reserved: bool = False, only_if_room: bool = False) -> SendResult:
     """Send one outbound message, at most once per claim. Safe to call any number of times.
 
     `slot_reserved`: this call comes back at a rate-limit slot reserved for it earlier.
+    `only_if_room`: send only if the bot and the chat have room now; else nothing is
+    reserved or deferred ("no-room"), and the caller hands the message to the drain.
     """
     worker = worker_id()
     now = timezone.now()
@@ -60,7 +65,10 @@ def outbound_message_send(message_id: int, *, slot_reserved: bool = False) -> Se
         bot_rate=message.bot.rate_limit,
         chat_id=limited_chat_id(message),
         slot_reserved=slot_reserved,
+        horizon=ratelimit.SLOT_TOLERANCE_SECONDS if only_if_room else None,
     )
+    if wait.seconds > 0 and only_if_room:
+        return SendResult("no-room")
     if wait.seconds > 0:
         # Waiting for a slot is not an attempt and does not hold a worker.
         if wait.beyond_horizon or wait.seconds > DEFER_IN_ROW_AFTER_SECONDS:
@@ -112,3 +120,23 @@ def _claim(message_id: int, *, worker: str, lease: timedelta, unchanged_since: d
         if claimed:
             failpoint("before_claim_commit")
     return claimed
+
+
+# What an inline send leaves for the drain: it could not go now, and nothing else will wake it.
+_HAND_ON = frozenset({"no-room", "waiting-for-earlier", "circuit-open"})
+
+
+def send_held(held: list[tuple[int, int]]) -> None:
+    """Send, in this worker, the messages it just wrote and committed (dispatch.holding):
+    the reply leaves without a Celery hop when the bot has room. What cannot go now is handed
+    on as `dispatch` would have: to the bot's drain, or back to the broker at its countdown.
+    Never raises: a message left unsent is due in its row, and the sweeper dispatches it."""
+    for message_id, bot_id in held:
+        try:
+            result = outbound_message_send(message_id, only_if_room=True)
+            if result.countdown is not None:
+                dispatch(message_id, countdown=result.countdown, slot_reserved=result.slot_reserved)
+            elif result.status in _HAND_ON:
+                dispatch(message_id, bot_id=bot_id)
+        except Exception:
+            logger.exception("message %s: sending it inline failed; the sweeper dispatches it", message_id)

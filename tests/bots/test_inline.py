@@ -1,0 +1,102 @@
+"""Inline work on the hot path (DOVECOTE_INLINE_WORK): the router runs the consumers that
+declared themselves inline-safe in its own task, and a consumer's reply leaves from the
+worker that wrote it, right after its commit, when the bot has room. Every run and message
+is still a row with its states; what cannot go now is handed to a task or the drain as
+before. Real PostgreSQL, Redis (the broker's queue read back) and the sandbox."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import override_settings
+from django.utils import timezone
+
+from bots.models import ConsumerRun, RunState
+from bots.services import consumer_run_execute, inbox_update_store, inbox_updates_route
+from outbox import ratelimit
+from outbox.models import OutboundMessage, State
+from tests.bots.fakes import message_update
+from tests.support import queued
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("inline_work")]
+
+
+@pytest.fixture
+def inline_work():
+    with override_settings(DOVECOTE_INLINE_WORK=True):
+        yield
+
+
+def queued_names() -> list[str]:
+    return [task.name for task in queued()]
+
+
+def store(bot, chat_id: int, message_id: int, text: str = "hi") -> None:
+    inbox_update_store(bot=bot, payload=message_update(chat_id=chat_id, text=text, message_id=message_id))
+
+
+def test_the_router_runs_echo_and_analytics_itself_and_the_echo_leaves_without_a_task(bot, sandbox) -> None:
+    store(bot, 501, 1, "ping")
+    store(bot, 502, 2, "pong")
+    before = set(queued_names())
+
+    assert inbox_updates_route(bot.pk) == 2
+
+    runs = ConsumerRun.objects.filter(update__bot=bot)
+    assert {(r.consumer, r.state) for r in runs} == {("auto_reply", RunState.DONE), ("analytics", RunState.DONE)}
+    assert sorted(sandbox.sent_texts(token=bot.token)) == ["Echo: ping", "Echo: pong"]
+    assert set(OutboundMessage.objects.filter(bot=bot).values_list("state", flat=True)) == {State.SENT}
+    assert set(queued_names()) - before == set()  # no run task, no send task, no drain
+
+
+def test_a_model_answer_keeps_its_own_task(bot_factory, sandbox) -> None:
+    shop = bot_factory(responder="openai")
+    store(shop, 503, 1)
+
+    inbox_updates_route(shop.pk)
+
+    reply_run = ConsumerRun.objects.get(update__bot=shop, consumer="auto_reply")
+    assert reply_run.state == RunState.PENDING
+    assert ConsumerRun.objects.get(update__bot=shop, consumer="analytics").state == RunState.DONE
+    assert [t.args for t in queued() if t.name == "bots.run_consumer"] == [[reply_run.pk]]
+
+
+def test_a_consumers_reply_is_sent_by_its_worker_right_after_the_run(bot, sandbox) -> None:
+    with override_settings(DOVECOTE_INLINE_WORK=False):
+        store(bot, 504, 1, "echo me")
+        inbox_updates_route(bot.pk)  # runs queued, none run yet
+    run = ConsumerRun.objects.get(update__bot=bot, consumer="auto_reply")
+
+    assert consumer_run_execute(run.pk) == "done"
+
+    assert sandbox.sent_texts(token=bot.token) == ["Echo: echo me"]
+    assert "outbox.drain_bot" not in queued_names()
+
+
+def test_without_room_now_the_reply_goes_to_the_drain_untouched(bot_factory, sandbox) -> None:
+    slow = bot_factory(rate_limit=1)
+    ratelimit.reserve_slot(slow.pk, slow.rate_limit, horizon=5)  # the bot's slot for now is taken
+    with override_settings(DOVECOTE_INLINE_WORK=False):
+        store(slow, 505, 1, "later")
+        inbox_updates_route(slow.pk)
+    run = ConsumerRun.objects.get(update__bot=slow, consumer="auto_reply")
+
+    assert consumer_run_execute(run.pk) == "done"
+
+    reply = OutboundMessage.objects.get(bot=slow)
+    assert (reply.state, reply.attempts) == (State.PENDING, 0)
+    assert reply.next_attempt_at <= timezone.now()  # not deferred: still due, for the drain
+    assert sandbox.sent_texts(token=slow.token) == []
+    assert "outbox.drain_bot" in queued_names()
+
+
+def test_an_update_run_here_logs_one_info_line_with_its_trace_id(bot, sandbox, caplog) -> None:
+    store(bot, 506, 1, "log me")
+    with caplog.at_level("INFO", logger="bots.services"):
+        inbox_updates_route(bot.pk)
+
+    update = ConsumerRun.objects.filter(update__bot=bot).first().update
+    lines = [r for r in caplog.records if r.name == "bots.services" and r.levelname == "INFO"]
+    assert [r.getMessage() for r in lines] == [
+        f"update {update.update_id} routed to auto_reply, analytics; ran here: auto_reply done, analytics done"
+    ]
+    assert lines[0].trace_id == update.trace_id
