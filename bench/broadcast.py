@@ -2,7 +2,10 @@
 limit L (real 429s above it) and the bot configured to L. Reports the achieved rate / L and
 the number of 429s received. Not a test: figures go to docs/PERFORMANCE.md.
 
-    .venv/bin/python bench/broadcast.py [--chats 3000] [--limit 100] [--concurrency 4] [--replies]
+    .venv/bin/python bench/broadcast.py [--chats 3000] [--limit 100] [--concurrency 4] [--replies] [--jitter-ms 5]
+
+The sandbox counts every sliding one-second window strictly, each request reaching it up to
+`--jitter-ms` late (uniformly), as requests cross a real network.
 
 `--replies` enqueues one ordinary message per chat instead (`outbound_message_enqueue`, each
 committed on its own, as replies are): they go through the bots' drain, not the broadcast's
@@ -29,6 +32,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--prefetch", type=int, default=4)
     parser.add_argument("--replies", action="store_true", help="one ordinary enqueue per chat, not a broadcast")
+    parser.add_argument(
+        "--jitter-ms", type=float, default=5.0, help="each request reaches the sandbox's strict window up to this late"
+    )
     args = parser.parse_args()
 
     env = c.bench_env(DB)
@@ -40,7 +46,7 @@ def main() -> None:
 
     procs: list[c.Proc] = []
     try:
-        sandbox, url = c.start_sandbox(env, "--bot-rate", str(args.limit))
+        sandbox, url = c.start_sandbox(env, "--bot-rate", str(args.limit), "--jitter-ms", str(args.jitter_ms))
         procs.append(sandbox)
         bot = Bot.objects.create(
             name="bench",

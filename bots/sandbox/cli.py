@@ -51,6 +51,12 @@ def add_arguments(parser: argparse.ArgumentParser | Any) -> None:
         default=None,
         help="messages per minute per group",
     )
+    parser.add_argument(
+        "--jitter-ms",
+        type=float,
+        default=0.0,
+        help="each call reaches the flood counters up to this many ms late, as over a network",
+    )
 
 
 def server_from_options(options: dict[str, Any]) -> SandboxServer:
@@ -61,6 +67,7 @@ def server_from_options(options: dict[str, Any]) -> SandboxServer:
         per_bot_per_second=options.get("bot_rate"),
         per_private_chat_per_second=options.get("private_chat_rate"),
         per_group_per_minute=options.get("group_rate_per_minute"),
+        arrival_jitter_ms=options.get("jitter_ms") or 0.0,
     )
 
 

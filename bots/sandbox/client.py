@@ -152,12 +152,15 @@ class SandboxClient:
         per_bot_per_second: int | None = None,
         per_private_chat_per_second: int | None = None,
         per_group_per_minute: int | None = None,
+        arrival_jitter_ms: float = 0.0,
     ) -> JSONDict:
-        """Set all three flood limits at once; ``None`` switches a limit off."""
+        """Set all three flood limits at once; ``None`` switches a limit off. With
+        `arrival_jitter_ms`, each call reaches the counters up to that late."""
         body = {
             "per_bot_per_second": per_bot_per_second,
             "per_private_chat_per_second": per_private_chat_per_second,
             "per_group_per_minute": per_group_per_minute,
+            "arrival_jitter_ms": arrival_jitter_ms,
         }
         return self._request("POST", "limits", json=body)
 

@@ -27,6 +27,7 @@ from bots.sandbox.state import (
     JSONDict,
     Limits,
     chat_ref_to_int,
+    opt_float,
     opt_int,
     status_phrase,
 )
@@ -339,6 +340,7 @@ class _Handler(BaseHTTPRequestHandler):
                     per_bot_per_second=opt_int(spec, "per_bot_per_second"),
                     per_private_chat_per_second=opt_int(spec, "per_private_chat_per_second"),
                     per_group_per_minute=opt_int(spec, "per_group_per_minute"),
+                    arrival_jitter_ms=opt_float(spec, "arrival_jitter_ms") or 0.0,
                 )
                 state.set_limits(limits)
                 self._respond(200, {"ok": True, **asdict(limits)})

@@ -10,6 +10,7 @@ from __future__ import annotations
 import html
 import json
 import os
+import random
 import re
 import secrets
 import time
@@ -577,6 +578,9 @@ def bot_call(state: SandboxState, token: str, method_name: str, params: JSONDict
     method = impl_entry[0] if impl_entry else method_name
     chat_id = chat_ref_to_int(params.get("chat_id"))
     record = _record(token, method, arrived, params, chat_id)
+    jitter = state.limits.arrival_jitter_ms
+    if jitter > 0:
+        time.sleep(random.uniform(0.0, jitter) / 1000)  # noqa: S311 - simulated network delay
     with state.lock:
         if impl_entry is None or not TOKEN_RE.fullmatch(token):
             # Telegram answers malformed tokens and unknown methods alike.

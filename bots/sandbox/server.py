@@ -33,11 +33,14 @@ class SandboxServer:
         per_bot_per_second: int | None = None,
         per_private_chat_per_second: int | None = None,
         per_group_per_minute: int | None = None,
+        arrival_jitter_ms: float = 0.0,
     ) -> None:
         self.host = host
         self.port = port
         self.webhook_base = webhook_base.rstrip("/") if webhook_base else None
-        self.state = SandboxState(Limits(per_bot_per_second, per_private_chat_per_second, per_group_per_minute))
+        self.state = SandboxState(
+            Limits(per_bot_per_second, per_private_chat_per_second, per_group_per_minute, arrival_jitter_ms)
+        )
         self._httpd: SandboxHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._webhook_client: httpx.Client | None = None

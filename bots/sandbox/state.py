@@ -100,6 +100,9 @@ class Limits:
     per_bot_per_second: int | None = None
     per_private_chat_per_second: int | None = None
     per_group_per_minute: int | None = None
+    # Each call reaches the counters up to this many milliseconds late (uniformly), as over
+    # a real network: requests sent evenly arrive bunched, and a strict window counts them so.
+    arrival_jitter_ms: float = 0.0
 
 
 @dataclass

@@ -405,6 +405,18 @@ def test_per_bot_limit(server: SandboxServer, sandbox: SandboxClient) -> None:
     assert run_bot(server, lambda bot: _flood(bot, [4])) == [None]
 
 
+def test_arrival_jitter_delays_each_call_and_the_window_stays_strict(
+    server: SandboxServer, sandbox: SandboxClient
+) -> None:
+    assert sandbox.limits(per_bot_per_second=3, arrival_jitter_ms=60)["arrival_jitter_ms"] == 60
+    started = time.monotonic()
+    # Sent one after another: 4 calls, each up to 60 ms late (30 on average).
+    assert run_bot(server, lambda bot: _flood(bot, [1, 2, 3, 4])) == [None, None, None, 1]
+    assert time.monotonic() - started > 0.01
+    sandbox.limits()
+    assert sandbox.limits()["arrival_jitter_ms"] == 0
+
+
 def test_per_chat_limits(server: SandboxServer, sandbox: SandboxClient) -> None:
     sandbox.limits(per_private_chat_per_second=1, per_group_per_minute=2)
     assert run_bot(server, lambda bot: _flood(bot, [11, 11, 12])) == [None, 1, None]
