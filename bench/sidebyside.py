@@ -273,11 +273,16 @@ class Echoes:
         return calls
 
     def wait_for(
-        self, count: int, stall: float = STALL_SECONDS, on_calls: Callable[[list[dict[str, Any]]], None] | None = None
+        self,
+        count: int,
+        on_calls: Callable[[list[dict[str, Any]]], None] | None = None,
+        progress: Callable[[], int] | None = None,
     ) -> bool:
-        """Poll until `count` echoes have come; give up once none has come for `stall` s (a
-        slow system still answering is waited for, a stuck one is not)."""
-        seen, progress = self.count, time.monotonic()
+        """Poll until `count` echoes have come; give up once neither the echoes nor
+        `progress()` (the system's own count of work done, if given) have moved for
+        STALL_SECONDS: a slow system still working is waited for, a stuck one is not."""
+        seen, progress_seen, moved = self.count, progress() if progress else 0, time.monotonic()
+        checked = moved
         while True:
             calls = self.poll()
             if on_calls is not None:
@@ -285,15 +290,20 @@ class Echoes:
             if self.count >= count:
                 return True
             if self.count != seen:
-                seen, progress = self.count, time.monotonic()
-            elif time.monotonic() - progress > stall:
+                seen, moved = self.count, time.monotonic()
+            elif progress is not None and time.monotonic() - checked > 2.0:
+                checked = time.monotonic()
+                done = progress()
+                if done != progress_seen:
+                    progress_seen, moved = done, checked
+            if time.monotonic() - moved > STALL_SECONDS:
                 return False
             time.sleep(0.2)
 
-    def settle(self, count: int, quiet: float = 1.0) -> bool:
+    def settle(self, count: int, progress: Callable[[], int] | None = None, quiet: float = 1.0) -> bool:
         """Wait for `count` echoes, then until none has come for `quiet` seconds (the
         replies to requests still in flight when the load generator stopped)."""
-        complete = self.wait_for(count)
+        complete = self.wait_for(count, progress=progress)
         seen, since = self.count, time.monotonic()
         while time.monotonic() - since < quiet:
             time.sleep(0.2)
@@ -346,7 +356,7 @@ class Latency:
     outcomes: dict[str, int]
 
 
-def e2e(url: str, echoes: Echoes, seconds: float, base: int) -> Latency:
+def e2e(url: str, echoes: Echoes, seconds: float, base: int, progress: Callable[[], int] | None = None) -> Latency:
     echoes.poll()  # start after every earlier reply
     sent, outcomes = asyncio.run(_steady(url, E2E_RATE, seconds, base))
     latencies: dict[str, float] = {}
@@ -358,7 +368,7 @@ def e2e(url: str, echoes: Echoes, seconds: float, base: int) -> Latency:
                 latencies.setdefault(found.group(0), call["at"] - sent[found.group(0)])
 
     expected = echoes.count + outcomes.get("200", 0)
-    echoes.wait_for(expected, on_calls=match)
+    echoes.wait_for(expected, on_calls=match, progress=progress)
     values = sorted(latencies.values())
     if len(values) < 2:
         return Latency(float("nan"), float("nan"), len(sent), len(values), dict(outcomes))
@@ -491,17 +501,23 @@ def throughput(
     db: str | None = None,
     echoes: Echoes | None = None,
     stored: Callable[[], int] | None = None,
+    progress: Callable[[], int] | None = None,
 ) -> None:
-    """Warm up, then measure one load run: req/s, and CPU per update stored (`stored`: rows
-    counted before and after) or per update echoed (`echoes`: waits until the sandbox has had
-    every reply). The requests in flight when the load generator stops are handled but not
-    counted by it: the rows or echoes are."""
+    """Warm up, then measure one load run: req/s, and CPU per update handled: per update
+    stored (`stored` counts the rows) or, with `echoes`, per update echoed, waiting until the
+    sandbox has had a reply to every update (every row stored, when `stored` is given too).
+    The requests in flight when the load generator stops are handled but not counted by it:
+    the rows and echoes are."""
     if echoes is not None:
         echoes.poll()
     baseline = echoes.count if echoes is not None else 0
+    rows_start = stored() if stored is not None else 0
     warm = loader.run(url, WARMUP_SECONDS)
-    if echoes is not None and not echoes.settle(baseline + warm.ok):
-        row.notes.append(f"warm-up: only {echoes.count - baseline} of {warm.ok} updates echoed")
+    if echoes is not None:
+        time.sleep(0.3)  # the requests in flight at the end
+        target = stored() - rows_start if stored is not None else warm.ok
+        if not echoes.settle(baseline + target, progress):
+            row.notes.append(f"warm-up: only {echoes.count - baseline} of {target} updates echoed")
     time.sleep(0.5)
     rows_before = stored() if stored is not None else 0
     before = cpu(groups, db)
@@ -511,18 +527,19 @@ def throughput(
     row.rate = load.rate
     if load.errors:
         row.notes.append(f"refused or failed: {load.errors} of {load.requests} requests")
+    time.sleep(0.5)
     if echoes is not None:
-        complete = echoes.settle(echoes_before + load.ok)
+        target = stored() - rows_before if stored is not None else load.ok
+        complete = echoes.settle(echoes_before + target, progress)
         handled = echoes.count - echoes_before
         if not complete:
-            row.notes.append(f"only {handled} of {load.ok} updates echoed within the wait")
+            row.notes.append(f"only {handled} of {target} updates echoed: gave up after {STALL_SECONDS:g} s stalled")
         drained = echoes.last_at - started
         row.notes.append(
             f"{handled} updates echoed ({load.ok} answered 200 within the run); the last echo came "
             f"{drained:.1f} s after the load began: {handled / drained:.0f} echoes/s"
         )
     else:
-        time.sleep(0.5)
         handled = stored() - rows_before if stored is not None else load.ok
         row.notes.append(f"{handled} updates stored ({load.ok} answered 200 within the run)")
     after = cpu(groups, db)
@@ -605,6 +622,17 @@ def dovecote_env(db: str, sandbox: str, **overrides: str) -> dict[str, str]:
     )
 
 
+def dovecote_progress(db: str) -> Callable[[], int]:
+    """Dovecote's work done so far (consumer runs finished, messages sent): while it moves,
+    the bench waits for replies however long they take (a reply's drain task queues behind
+    every consumer run published before it)."""
+    sql = (
+        "SELECT (SELECT count(*) FROM bots_consumerrun WHERE state = 'done')"
+        " + (SELECT count(*) FROM outbox_outboundmessage WHERE state = 'sent')"
+    )
+    return lambda: int(psql_db(db, sql))
+
+
 def start_dovecote_web(cleanup: Cleanup, env: dict[str, str], name: str) -> tuple[c.Proc, str]:
     port = c.free_port()
     # As the Procfile runs it: gunicorn reads gunicorn.conf.py (2 x 4 threads, access log).
@@ -661,7 +689,18 @@ def run_dovecote(cleanup: Cleanup, loader: Loader, sandbox: str, seconds: float,
     web, url = start_dovecote_web(cleanup, env, "dovecote-web-whole")
     worker = start_dovecote_worker(cleanup, env)
     echoes = Echoes(sandbox, DOVECOTE_TOKEN)
-    throughput(whole, loader, url, seconds, {"web": web.pid, "worker": worker.pid}, db, echoes=echoes)
+    groups = {"web": web.pid, "worker": worker.pid}
+    throughput(
+        whole,
+        loader,
+        url,
+        seconds,
+        groups,
+        db,
+        echoes=echoes,
+        stored=lambda: int(psql_db(db, "SELECT count(*) FROM bots_inboundupdate")),
+        progress=dovecote_progress(db),
+    )
     counts = psql_db(db, "SELECT state || ' ' || count(*) FROM outbox_outboundmessage GROUP BY state ORDER BY 1")
     whole.notes.append("outbox: " + ", ".join(counts.splitlines()))
     cleanup.stop(worker)
@@ -677,8 +716,8 @@ def run_dovecote(cleanup: Cleanup, loader: Loader, sandbox: str, seconds: float,
     web, url = start_dovecote_web(cleanup, env, "dovecote-web-e2e")
     worker = start_dovecote_worker(cleanup, env)
     echoes = Echoes(sandbox, DOVECOTE_TOKEN)
-    e2e(url, echoes, 2, 6 * ID_BLOCK)  # warm-up: the worker's first sends open its connections
-    whole.latency = e2e(url, echoes, e2e_seconds, 7 * ID_BLOCK)
+    e2e(url, echoes, 2, 6 * ID_BLOCK, dovecote_progress(db))  # warm-up: the worker's connections
+    whole.latency = e2e(url, echoes, e2e_seconds, 7 * ID_BLOCK, dovecote_progress(db))
     whole.notes.append("e2e with the rate limiter on (production default)")
     cleanup.stop(worker)
     cleanup.stop(web)
