@@ -33,7 +33,7 @@ thousands of updates would take minutes to answer. The e2e run keeps the limiter
 production default): 20 updates/s over 200 chats is under every limit.
 
 Needs PostgreSQL (trust auth, user postgres) and Redis on 127.0.0.1, wrk (Debian's package)
-and tornado for PTB's webhook (`pip install -r bench/requirements-sidebyside.txt`). Creates and
+and tornado for PTB's webhook (installed by `make` from requirements-dev.txt). Creates and
 drops its own databases (sbs<pid>_*) and Redis keys (db 14, prefix sbs<pid>_*); every process
 it starts runs in its own process group and is stopped by PID, also on Ctrl-C or SIGTERM.
 The machine's 2 cores are shared by the load generator, the sandbox, PostgreSQL and the
@@ -795,7 +795,7 @@ def main() -> None:
     if unknown:
         parser.error(f"--only: unknown system(s) {', '.join(sorted(unknown))}; choose from {', '.join(SYSTEMS)}")
     if "ptb" in only and importlib.util.find_spec("tornado") is None:
-        raise SystemExit("PTB's webhook needs tornado: .venv/bin/pip install -r bench/requirements-sidebyside.txt")
+        raise SystemExit("PTB's webhook needs tornado: make .venv/.installed-dev (tornado is in requirements-dev.txt)")
 
     loader = Loader()
     if not loader.wrk:

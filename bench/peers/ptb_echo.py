@@ -7,7 +7,7 @@ time, as in PTB's echobot example).
     .venv/bin/python bench/peers/ptb_echo.py --port 8443 --api-base-url http://127.0.0.1:8081 \\
         --token 123:abc --secret s3cret
 
-Needs tornado (python-telegram-bot[webhooks]): bench/requirements-sidebyside.txt.
+Needs tornado (python-telegram-bot[webhooks]), pinned in requirements-dev.txt.
 """
 
 from __future__ import annotations
