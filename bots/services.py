@@ -16,7 +16,6 @@ from typing import Any
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Q
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 from django.utils import timezone
@@ -373,8 +372,11 @@ def _consumer_run_execute(run_pk: int, named: Callable[[str], None]) -> str:
     if run.update.received_at < now - spec.max_age:
         consumer_run_end_stale(run, spec=spec)
         return "too-old"
-    circuit = _open_circuit(circuits.consumer_scope(spec.name), now)
-    if circuit is not None:
+    scope = circuits.consumer_scope(spec.name)
+    circuit = Circuit.objects.filter(scope=scope).first()
+    # A circuit with failures to forget: this run's success must reset it (else no write).
+    dirty = circuit is not None and not (circuit.state == CircuitState.CLOSED and circuit.consecutive_failures == 0)
+    if circuit is not None and _still_open(circuit, now):
         # Paused (auth failure or an operator): keep the run; wake it at the probe time.
         if circuit.next_probe_at is not None:
             transitions.postpone_run(run.pk, until=circuit.next_probe_at)
@@ -438,7 +440,8 @@ def _consumer_run_execute(run_pk: int, named: Callable[[str], None]) -> str:
         transitions.schedule_run_retry(run.pk, worker=worker, delay=delay, error=error, error_class="transient")
         dispatch_run(run.pk, countdown=delay, consumer=spec.name)
         return "retry"
-    circuits.record_success(circuits.consumer_scope(spec.name))
+    if dirty:
+        circuits.record_success(scope)
     outcome = returned if isinstance(returned, str) else "done"
     transitions.mark_run_done(run.pk, worker=worker, outcome=outcome)
     if not _quiet_success.get():
@@ -446,13 +449,9 @@ def _consumer_run_execute(run_pk: int, named: Callable[[str], None]) -> str:
     return "done"
 
 
-def _open_circuit(scope: str, now: datetime) -> Circuit | None:
-    """The scope's circuit when it is open and not yet due for a probe."""
-    return (
-        Circuit.objects.filter(scope=scope, state=CircuitState.OPEN)
-        .filter(Q(next_probe_at__isnull=True) | Q(next_probe_at__gt=now))
-        .first()
-    )
+def _still_open(circuit: Circuit, now: datetime) -> bool:
+    """The circuit is open and not yet due for a probe."""
+    return circuit.state == CircuitState.OPEN and (circuit.next_probe_at is None or circuit.next_probe_at > now)
 
 
 def _describe(exc: BaseException) -> str:
