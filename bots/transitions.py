@@ -11,6 +11,7 @@ Chat: last answered message id only moves forward (the reply guard).
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db.models import BigIntegerField, F, Q, QuerySet, Value
 from django.db.models.functions import Coalesce, Greatest
@@ -135,18 +136,21 @@ def fail_run(run_id: int, *, worker: str | None, error: str, error_class: str) -
     return n == 1
 
 
+def _cancelled_fields(reason: str, now: datetime) -> dict[str, Any]:
+    return {
+        "state": RunState.CANCELLED,
+        "cancel_reason": reason[:2000],
+        "finished_at": now,
+        "updated_at": now,
+        "lease_owner": "",
+        "lease_expires_at": None,
+    }
+
+
 def cancel_run(run_id: int, *, reason: str, worker: str | None = None) -> bool:
     now = timezone.now()
     rows = _owned(run_id, worker) if worker else ConsumerRun.objects.filter(pk=run_id, state__in=RUN_WAITING)
-    n = rows.update(
-        state=RunState.CANCELLED,
-        cancel_reason=reason[:2000],
-        finished_at=now,
-        updated_at=now,
-        lease_owner="",
-        lease_expires_at=None,
-    )
-    return n == 1
+    return rows.update(**_cancelled_fields(reason, now)) == 1
 
 
 def _expired(run_id: int, now: datetime):
@@ -198,15 +202,8 @@ def cancel_stale_run(run_id: int, *, reason: str) -> bool:
     """waiting, past max age, nothing failed yet (never run, or only deferred or paused)
     -> cancelled. A run with a failure on record goes to fail_stale_run instead."""
     now = timezone.now()
-    n = ConsumerRun.objects.filter(pk=run_id, state__in=RUN_WAITING, last_error="").update(
-        state=RunState.CANCELLED,
-        cancel_reason=reason[:2000],
-        finished_at=now,
-        updated_at=now,
-        lease_owner="",
-        lease_expires_at=None,
-    )
-    return n == 1
+    rows = ConsumerRun.objects.filter(pk=run_id, state__in=RUN_WAITING, last_error="")
+    return rows.update(**_cancelled_fields(reason, now)) == 1
 
 
 def fail_stale_run(run_id: int) -> bool:

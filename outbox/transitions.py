@@ -216,20 +216,9 @@ def _mark_sent_portable(
 ) -> dict[int, int | None]:
     done: dict[int, int | None] = {}
     for message, attempt, outcome in sent:
-        telegram_message_id = outcome.telegram_message_id
         with transaction.atomic():
             finish_attempt(attempt, outcome)
-            n = _owned(message, worker).update(
-                state=State.SENT,
-                sent_at=now,
-                updated_at=now,
-                telegram_message_id=telegram_message_id,
-                result=None if telegram_message_id else outcome.result,
-                lease_owner="",
-                lease_expires_at=None,
-                last_error="",
-                last_error_class="",
-            )
+            n = _owned(message, worker).update(**_sent_fields(outcome, now))
         if n == 1:
             done[message.pk] = (
                 selectors.next_open_message_in_chat(bot_id=message.bot_id, chat_id=message.chat_id)
@@ -250,6 +239,22 @@ def finish_attempt(attempt: Attempt, outcome: CallOutcome) -> None:
     )
 
 
+def _sent_fields(outcome: CallOutcome, now: datetime) -> dict[str, Any]:
+    """A message's columns once it is sent (the ORM paths; PostgreSQL's statements set the same)."""
+    telegram_message_id = outcome.telegram_message_id
+    return {
+        "state": State.SENT,
+        "sent_at": now,
+        "updated_at": now,
+        "telegram_message_id": telegram_message_id,
+        "result": None if telegram_message_id else outcome.result,
+        "lease_owner": "",
+        "lease_expires_at": None,
+        "last_error": "",
+        "last_error_class": "",
+    }
+
+
 def _owned(message: OutboundMessage, worker: str) -> Any:
     return OutboundMessage.objects.filter(pk=message.pk, state=State.SENDING, lease_owner=worker)
 
@@ -262,21 +267,10 @@ def settle_late_success(message: OutboundMessage, *, attempt: Attempt, outcome: 
     nothing to send. Only while no later attempt has started (`attempts` is still this
     attempt's number): a later attempt is its own send."""
     now = timezone.now()
-    telegram_message_id = outcome.telegram_message_id
     with transaction.atomic():
         n = OutboundMessage.objects.filter(
             pk=message.pk, state__in=[State.UNKNOWN, State.RETRY, State.SENDING], attempts=attempt.number
-        ).update(
-            state=State.SENT,
-            sent_at=now,
-            updated_at=now,
-            telegram_message_id=telegram_message_id,
-            result=None if telegram_message_id else outcome.result,
-            lease_owner="",
-            lease_expires_at=None,
-            last_error="",
-            last_error_class="",
-        )
+        ).update(**_sent_fields(outcome, now))
         if n != 1:
             return False
         message.state = State.SENT
