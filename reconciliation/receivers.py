@@ -9,6 +9,7 @@ from django.dispatch import receiver
 from outbox import metrics
 from outbox.models import Effect, OutboundMessage
 from outbox.signals import effect_ambiguous, message_ambiguous, message_delivered_late
+from reconciliation import transitions
 from reconciliation.models import CaseStatus, Decision, ReconciliationCase
 
 
@@ -17,10 +18,10 @@ def open_case(sender: Any, message: OutboundMessage, facts: dict[str, Any], **kw
     """Runs inside the transaction that made the message `unknown`."""
     if ReconciliationCase.objects.filter(message=message, status=CaseStatus.OPEN).exists():
         return
-    ReconciliationCase.objects.create(
+    transitions.open_case(
         message=message,
         idempotency_key=message.idempotency_key,
-        known_facts={**facts, "kind": "outbound_message", "method": message.method, "chat_id": message.chat_id},
+        facts={**facts, "kind": "outbound_message", "method": message.method, "chat_id": message.chat_id},
         policy=message.on_ambiguous,
     )
     metrics.CASES_OPENED.labels(kind="outbound_message").inc()
@@ -44,10 +45,5 @@ def open_effect_case(sender: Any, effect: Effect, facts: dict[str, Any], **kwarg
     ) | ReconciliationCase.objects.filter(effect=effect, decision=Decision.CANCEL)
     if existing.exists():
         return
-    ReconciliationCase.objects.create(
-        effect=effect,
-        idempotency_key=effect.key,
-        known_facts={**facts, "kind": "effect"},
-        policy="hold",
-    )
+    transitions.open_case(effect=effect, idempotency_key=effect.key, facts={**facts, "kind": "effect"}, policy="hold")
     metrics.CASES_OPENED.labels(kind="effect").inc()

@@ -12,12 +12,12 @@ from typing import Any
 
 from django.db import transaction
 from django.db.models import F, Q
-from django.utils import timezone
 
 from outbox import effects
 from outbox import services as outbox_services
 from outbox import transitions as outbox_transitions
 from outbox.models import EffectState, OutboundMessage, State
+from reconciliation import transitions
 from reconciliation.models import AuditEntry, CaseStatus, Decision, ReconciliationCase
 
 
@@ -56,14 +56,7 @@ def _lock_open(case: ReconciliationCase) -> ReconciliationCase:
 
 
 def _decide(case: ReconciliationCase, *, user: Any, decision: str, reason: str, outcome: str, details: dict) -> None:
-    now = timezone.now()
-    ReconciliationCase.objects.filter(pk=case.pk).update(
-        status=CaseStatus.RESOLVED,
-        decision=decision,
-        decided_by=user if getattr(user, "pk", None) else None,
-        decision_reason=reason,
-        decided_at=now,
-    )
+    transitions.resolve_case(case.pk, decision=decision, user=user, reason=reason)
     audit_record(
         actor=user,
         action=f"reconciliation.{decision}",

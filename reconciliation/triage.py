@@ -30,6 +30,7 @@ from outbox import services as outbox_services
 from outbox import transitions as outbox_transitions
 from outbox.models import DeadLetter, DeadLetterStatus, Effect, EffectState, OutboundMessage, State
 from outbox.publishing import publish
+from reconciliation import transitions as reconciliation_transitions
 from reconciliation.models import BulkRetry, BulkState, PayloadVersion
 from reconciliation.services import audit_record
 
@@ -372,21 +373,7 @@ def bulk_retry_tick(bulk_id: int, *, expect_released: int | None = None) -> floa
         bulk.reasons = reasons
         bulk.ticked_at = timezone.now()
         done = bulk.released >= bulk.total
-        if done:
-            bulk.state, bulk.finished_at = BulkState.DONE, timezone.now()
-        bulk.save(
-            update_fields=[
-                "released",
-                "requeued",
-                "refused",
-                "skipped",
-                "batches",
-                "reasons",
-                "ticked_at",
-                "state",
-                "finished_at",
-            ]
-        )
+        reconciliation_transitions.record_bulk_progress(bulk, done=done)
         if done:
             audit_record(
                 actor=bulk.created_by,
@@ -414,18 +401,16 @@ def bulk_summary(bulk: BulkRetry) -> str:
 def bulk_retry_cancel(bulk: BulkRetry, user: Any, reason: str = "") -> bool:
     """running -> cancelled: the rest of the plan is not released. Items already requeued stay requeued."""
     with transaction.atomic():
-        n = BulkRetry.objects.filter(pk=bulk.pk, state=BulkState.RUNNING).update(
-            state=BulkState.CANCELLED, cancelled_by=_user(user), finished_at=timezone.now()
-        )
+        cancelled = reconciliation_transitions.cancel_bulk_retry(bulk.pk, user=_user(user))
         bulk.refresh_from_db()
         audit_record(
             actor=user,
             action="deadletter.bulk_retry_cancel",
             target=f"reconciliation.BulkRetry:{bulk.pk}",
             reason=reason,
-            outcome=("cancelled; " if n else "not running; ") + bulk_summary(bulk),
+            outcome=("cancelled; " if cancelled else "not running; ") + bulk_summary(bulk),
         )
-    return n == 1
+    return cancelled
 
 
 def recover_since(
