@@ -13,6 +13,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.db import connection
 from django.db.models import BigIntegerField, F, Q, QuerySet, Value
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
@@ -257,8 +258,22 @@ def mark_chat_answered(*, bot_id: int, chat_id: int, upto_message_id: int) -> bo
 def note_chat_answered(*, bot_id: int, chat_id: int, message_id: int) -> None:
     """Record an immediate (not coalesced) answer: the guard only ever moves forward, and
     answers to one message each may finish out of order."""
-    ChatState.objects.bulk_create([ChatState(bot_id=bot_id, chat_id=chat_id)], ignore_conflicts=True)
     now = timezone.now()
+    if connection.vendor == "postgresql":
+        # One statement: the row is made or moved forward.
+        table = ChatState._meta.db_table
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"""INSERT INTO {table} (bot_id, chat_id, last_answered_message_id, last_answered_at, updated_at)
+                    VALUES (%s, %s, %s, %s, %s)
+                    ON CONFLICT (bot_id, chat_id) DO UPDATE SET
+                      last_answered_message_id = GREATEST({table}.last_answered_message_id,
+                                                          EXCLUDED.last_answered_message_id),
+                      last_answered_at = EXCLUDED.last_answered_at, updated_at = EXCLUDED.updated_at""",  # noqa: S608
+                [bot_id, chat_id, message_id, now, now],
+            )
+        return
+    ChatState.objects.bulk_create([ChatState(bot_id=bot_id, chat_id=chat_id)], ignore_conflicts=True)
     # COALESCE first: SQLite's MAX() of a NULL is NULL (PostgreSQL's GREATEST skips it).
     answered = Value(message_id, output_field=BigIntegerField())
     ChatState.objects.filter(bot_id=bot_id, chat_id=chat_id).update(

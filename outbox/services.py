@@ -10,10 +10,11 @@ import logging
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import cache
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from outbox import botapi, policy, ratelimit, retention, selectors, splitting, transitions
@@ -192,6 +193,61 @@ def outbound_message_enqueue(
         "next_attempt_at": max(send_at, now) if send_at else now,
     }
     messages: list[OutboundMessage] = []
+    if len(payloads) == 1 and connection.vendor == "postgresql":
+        # The common case (one message) is one statement, like the webhook's insert: no
+        # SELECT first, no savepoint.
+        message, created = _insert_once(OutboundMessage(bot_id=bot_id, idempotency_key=idempotency_key, **defaults))
+        messages.append(message)
+    else:
+        message, created = _get_or_create_parts(bot_id, idempotency_key, defaults, payloads, messages)
+    if not created and message.request_fingerprint and message.request_fingerprint != fingerprint:
+        raise IdempotencyConflict(message)
+    if created:
+        delay = max(0.0, (message.next_attempt_at - now).total_seconds())
+
+        def dispatch_all() -> None:
+            for row in messages:
+                dispatch(row.pk, bot_id=row.bot_id, countdown=delay)
+
+        transaction.on_commit(dispatch_all)
+    return message, created
+
+
+@cache
+def _insert_once_sql() -> str:
+    qn = connection.ops.quote_name
+    table = OutboundMessage._meta.db_table
+    columns = ", ".join(qn(f.column) for f in _insert_fields())
+    placeholders = ", ".join(["%s"] * len(_insert_fields()))
+    return (
+        f"INSERT INTO {qn(table)} ({columns}) VALUES ({placeholders}) "  # noqa: S608 - names from _meta
+        f"ON CONFLICT ({qn('bot_id')}, {qn('idempotency_key')}) DO NOTHING RETURNING {qn('id')}"
+    )
+
+
+@cache
+def _insert_fields() -> list[Any]:
+    return [f for f in OutboundMessage._meta.concrete_fields if not f.primary_key]
+
+
+def _insert_once(row: OutboundMessage) -> tuple[OutboundMessage, bool]:
+    """INSERT … ON CONFLICT DO NOTHING RETURNING id: (the row, True), or (the stored one, False)."""
+    params = [f.get_db_prep_save(f.pre_save(row, True), connection) for f in _insert_fields()]
+    with connection.cursor() as cursor:
+        cursor.execute(_insert_once_sql(), params)
+        inserted = cursor.fetchone()
+    if inserted is None:
+        return OutboundMessage.objects.get(bot_id=row.bot_id, idempotency_key=row.idempotency_key), False
+    row.pk = inserted[0]
+    row._state.adding, row._state.db = False, connection.alias
+    return row, True
+
+
+def _get_or_create_parts(
+    bot_id: int, idempotency_key: str, defaults: dict[str, Any], payloads: list[dict[str, Any]], messages: list
+) -> tuple[OutboundMessage, bool]:
+    """The first part under the key and, when it is new, the other parts in the same
+    transaction (appended to `messages` in send order)."""
     try:
         with transaction.atomic():
             message, created = OutboundMessage.objects.get_or_create(
@@ -217,17 +273,8 @@ def outbound_message_enqueue(
                 f"the keys of this message's parts ({idempotency_key}#2, ...) are taken by other messages",
                 field="idempotency_key",
             ) from None
-        message, created = first, False
-    if not created and message.request_fingerprint and message.request_fingerprint != fingerprint:
-        raise IdempotencyConflict(message)
-    if created:
-        delay = max(0.0, (message.next_attempt_at - now).total_seconds())
-
-        def dispatch_all() -> None:
-            for row in messages:
-                dispatch(row.pk, bot_id=row.bot_id, countdown=delay)
-
-        transaction.on_commit(dispatch_all)
+        messages.clear()
+        return first, False
     return message, created
 
 
