@@ -10,7 +10,6 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from functools import cache
 from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
@@ -29,6 +28,7 @@ from outbox.models import Circuit, CircuitState, DeadLetter
 from outbox.publishing import publish
 from outbox.sending import single
 from outbox.workers import worker_id
+from project import rows
 
 logger = logging.getLogger(__name__)
 
@@ -117,34 +117,10 @@ def inbox_update_store(*, bot: Bot, payload: dict[str, Any], trace_id: str | Non
         next_attempt_at=timezone.now(),
         **describe_update(payload),
     )
-    with connection.cursor() as cursor:
-        cursor.execute(
-            _insert_once_sql(), [f.get_db_prep_save(f.pre_save(row, True), connection) for f in _insert_fields()]
-        )
-        inserted = cursor.fetchone()
-    if inserted is None:
+    if not rows.insert_once(row, unique=("bot_id", "update_id")):
         return InboundUpdate.objects.get(bot=bot, update_id=row.update_id), False
-    row.pk = inserted[0]
-    row._state.adding, row._state.db = False, connection.alias
     transaction.on_commit(lambda: inbox_router_wake(bot.pk, row.pk))
     return row, True
-
-
-@cache
-def _insert_fields() -> list[Any]:
-    return [f for f in InboundUpdate._meta.concrete_fields if not f.primary_key]
-
-
-@cache
-def _insert_once_sql() -> str:
-    qn = connection.ops.quote_name
-    meta = InboundUpdate._meta
-    columns = ", ".join(qn(f.column) for f in _insert_fields())
-    placeholders = ", ".join(["%s"] * len(_insert_fields()))
-    return (
-        f"INSERT INTO {qn(meta.db_table)} ({columns}) VALUES ({placeholders}) "  # noqa: S608 - names from _meta
-        f"ON CONFLICT ({qn('bot_id')}, {qn('update_id')}) DO NOTHING RETURNING {qn(meta.pk.column)}"
-    )
 
 
 def dispatch_update(update_pk: int) -> bool:

@@ -10,7 +10,6 @@ import logging
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from functools import cache
 from typing import Any
 
 from django.conf import settings
@@ -22,6 +21,7 @@ from outbox.dispatch import dispatch, kick_chat
 from outbox.logs import current_trace_id
 from outbox.methods import CREATES_MESSAGE, SUPPORTED_METHODS, ordered_by_default
 from outbox.models import OnAmbiguous, OutboundMessage
+from project import rows
 
 logger = logging.getLogger(__name__)
 
@@ -196,7 +196,10 @@ def outbound_message_enqueue(
     if len(payloads) == 1 and connection.vendor == "postgresql":
         # The common case (one message) is one statement, like the webhook's insert: no
         # SELECT first, no savepoint.
-        message, created = _insert_once(OutboundMessage(bot_id=bot_id, idempotency_key=idempotency_key, **defaults))
+        message = OutboundMessage(bot_id=bot_id, idempotency_key=idempotency_key, **defaults)
+        created = rows.insert_once(message, unique=("bot_id", "idempotency_key"))
+        if not created:
+            message = OutboundMessage.objects.get(bot_id=bot_id, idempotency_key=idempotency_key)
         messages.append(message)
     else:
         message, created = _get_or_create_parts(bot_id, idempotency_key, defaults, payloads, messages)
@@ -211,36 +214,6 @@ def outbound_message_enqueue(
 
         transaction.on_commit(dispatch_all)
     return message, created
-
-
-@cache
-def _insert_once_sql() -> str:
-    qn = connection.ops.quote_name
-    table = OutboundMessage._meta.db_table
-    columns = ", ".join(qn(f.column) for f in _insert_fields())
-    placeholders = ", ".join(["%s"] * len(_insert_fields()))
-    return (
-        f"INSERT INTO {qn(table)} ({columns}) VALUES ({placeholders}) "  # noqa: S608 - names from _meta
-        f"ON CONFLICT ({qn('bot_id')}, {qn('idempotency_key')}) DO NOTHING RETURNING {qn('id')}"
-    )
-
-
-@cache
-def _insert_fields() -> list[Any]:
-    return [f for f in OutboundMessage._meta.concrete_fields if not f.primary_key]
-
-
-def _insert_once(row: OutboundMessage) -> tuple[OutboundMessage, bool]:
-    """INSERT … ON CONFLICT DO NOTHING RETURNING id: (the row, True), or (the stored one, False)."""
-    params = [f.get_db_prep_save(f.pre_save(row, True), connection) for f in _insert_fields()]
-    with connection.cursor() as cursor:
-        cursor.execute(_insert_once_sql(), params)
-        inserted = cursor.fetchone()
-    if inserted is None:
-        return OutboundMessage.objects.get(bot_id=row.bot_id, idempotency_key=row.idempotency_key), False
-    row.pk = inserted[0]
-    row._state.adding, row._state.db = False, connection.alias
-    return row, True
 
 
 def _get_or_create_parts(
