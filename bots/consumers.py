@@ -18,6 +18,7 @@ from django.utils.module_loading import import_string
 from bots import replies
 from bots.models import AnalyticsEvent
 from bots.registry import AuthError, ConsumerContext, PermanentError, TransientError, consumer
+from project import rows
 
 
 def answers_at_once(update: Any) -> bool:
@@ -129,20 +130,16 @@ def analytics(ctx: ConsumerContext) -> str:
         latency_ms = max(0, int((update.received_at - happened_at).total_seconds() * 1000))
         if latency_ms > _MAX_LATENCY_MS:
             latency_ms = None
-    AnalyticsEvent.objects.bulk_create(
-        [
-            AnalyticsEvent(
-                bot_id=update.bot_id,
-                update=update,
-                update_type=update.update_type,
-                chat_id=update.chat_id,
-                chat_type=update.chat_type,
-                user_id=update.user_id,
-                message_date=message_date,
-                received_at=update.received_at,
-                latency_ms=latency_ms,
-            )
-        ],
-        ignore_conflicts=True,  # a re-run after a crash writes nothing new
+    event = AnalyticsEvent(
+        bot_id=update.bot_id,
+        update=update,
+        update_type=update.update_type,
+        chat_id=update.chat_id,
+        chat_type=update.chat_type,
+        user_id=update.user_id,
+        message_date=message_date,
+        received_at=update.received_at,
+        latency_ms=latency_ms,
     )
+    rows.insert_once(event, unique=("update_id",))  # a re-run after a crash writes nothing new
     return "recorded"

@@ -147,9 +147,10 @@ def _answer_at_once(ctx: ConsumerContext, responder: Responder) -> str:
             trace_id=ctx.trace_id,
         )
     )
-    with transaction.atomic():
-        ctx.reply(reply)
-        transitions.note_chat_answered(bot_id=update.bot_id, chat_id=update.chat_id, message_id=update.message_id)
+    # The reply first, then the guard, each committed alone: a crash between them leaves the
+    # guard behind, never ahead, and the run's retry finds the reply by its key.
+    ctx.reply(reply)
+    transitions.note_chat_answered(bot_id=update.bot_id, chat_id=update.chat_id, message_id=update.message_id)
     return "answered 1"
 
 

@@ -185,10 +185,11 @@ def inbox_updates_route(bot_id: int, *, limit: int = ROUTE_BATCH_SIZE) -> int:
 
 @dataclass(frozen=True)
 class Routing:
-    """The runs of just-routed updates: (run id, update id, consumer), and which to run here."""
+    """The runs of just-routed updates: (run id, update id, consumer), and those to run here
+    (their rows as written, ready to run)."""
 
     runs: list[tuple[int, int, str]]
-    inline: set[int]
+    inline: list[ConsumerRun]
 
 
 def _write_runs(updates: list[InboundUpdate]) -> Routing:
@@ -196,13 +197,13 @@ def _write_runs(updates: list[InboundUpdate]) -> Routing:
     consumers (registry.consumer) are left for the caller to run after the commit; the
     others are dispatched after it."""
     if not updates:
-        return Routing([], set())
+        return Routing([], [])
     now = timezone.now()
     matched = {u.pk: registry.matching(u) for u in updates}
     inline_work = settings.DOVECOTE_INLINE_WORK
     inline_keys = {(u.pk, spec.name) for u in updates for spec in matched[u.pk] if inline_work and spec.runs_inline(u)}
-    runs = [
-        ConsumerRun(
+    runs = {
+        (u.pk, spec.name): ConsumerRun(
             update=u,
             bot_id=u.bot_id,
             consumer=spec.name,
@@ -212,27 +213,30 @@ def _write_runs(updates: list[InboundUpdate]) -> Routing:
         )
         for u in updates
         for spec in matched[u.pk]
-    ]
-    ConsumerRun.objects.bulk_create(runs, ignore_conflicts=True)
+    }
+    ConsumerRun.objects.bulk_create(list(runs.values()), ignore_conflicts=True)
     rows = list(
         ConsumerRun.objects.filter(update__in=updates).order_by("pk").values_list("pk", "update_id", "consumer")
     )
-    inline = {pk for pk, update_pk, name in rows if (update_pk, name) in inline_keys}
-    queued = [(pk, name) for pk, _, name in rows if pk not in inline]
+    inline = []
+    for pk, update_pk, name in rows:
+        if (update_pk, name) in inline_keys:
+            run = runs[(update_pk, name)]
+            run.pk, run._state.adding = pk, False
+            inline.append(run)
+    inline_pks = {run.pk for run in inline}
+    queued = [(pk, name) for pk, _, name in rows if pk not in inline_pks]
     transaction.on_commit(lambda: [dispatch_run(pk, consumer=name) for pk, name in queued])
     return Routing(rows, inline)
 
 
 def _run_inline_and_log(updates: list[InboundUpdate], routing: Routing) -> None:
     """Run the inline-safe runs in this task, after the routing commit (each is a committed
-    row first, so a router that dies here leaves them pending for the sweeper), then log
-    one line per update: where it went and what ran here (a run's failure logs its own)."""
-    outcomes: dict[int, str] = {}
+    row first, so a router that dies here leaves them for the sweeper), then log one line
+    per update: where it went and what ran here (a run's failure logs its own)."""
     token = _quiet_success.set(True)
     try:
-        for pk, _, _ in routing.runs:
-            if pk in routing.inline:
-                outcomes[pk] = consumer_run_execute(pk)
+        outcomes = consumer_runs_execute_inline(routing.inline) if routing.inline else {}
     finally:
         _quiet_success.reset(token)
     by_update: dict[int, list[tuple[int, str]]] = {}
@@ -350,8 +354,6 @@ def _consumer_run_execute(run_pk: int, named: Callable[[str], None]) -> str:
         return "too-old"
     scope = circuits.consumer_scope(spec.name)
     circuit = Circuit.objects.filter(scope=scope).first()
-    # A circuit with failures to forget: this run's success must reset it (else no write).
-    dirty = circuit is not None and not (circuit.state == CircuitState.CLOSED and circuit.consecutive_failures == 0)
     if circuit is not None and _still_open(circuit, now):
         # Paused (auth failure or an operator): keep the run; wake it at the probe time.
         if circuit.next_probe_at is not None:
@@ -362,6 +364,87 @@ def _consumer_run_execute(run_pk: int, named: Callable[[str], None]) -> str:
     lease = timedelta(seconds=settings.DOVECOTE_CONSUMER_LEASE_SECONDS)
     if not transitions.claim_run(run.pk, worker=worker, lease=lease):
         return "claimed-elsewhere"
+    outcome, returned = _attempt(run, spec, worker=worker)
+    if outcome != "done":
+        return outcome
+    if _circuit_dirty(circuit):
+        circuits.record_success(scope)
+    transitions.mark_run_done(run.pk, worker=worker, outcome=returned)
+    if not _quiet_success.get():
+        logger.info("consumer %s done on update %s: %s", spec.name, run.update.update_id, returned)
+    return "done"
+
+
+def consumer_runs_execute_inline(runs: list[ConsumerRun]) -> dict[int, str]:
+    """The router's inline runs of one batch, just routed and committed: the single run's
+    rules at a batch's price. The runs are claimed in one statement, each consumer runs
+    (a failure is settled for its run alone, as `consumer_run_execute` settles it), the
+    successes are marked done in one statement per outcome, and the replies they wrote are
+    sent together right after. A run whose consumer's circuit is not plainly closed takes
+    the single path. Returns each run's outcome.
+
+    A crash mid-batch leaves the claimed runs `running`: the sweeper retries them at their
+    lease's end, and their effects are guarded by stable keys, so a second run writes nothing
+    twice."""
+    outcomes: dict[int, str] = {}
+    now = timezone.now()
+    specs = {run.pk: registry.get(run.consumer) for run in runs}
+    scopes = {circuits.consumer_scope(spec.name) for spec in specs.values() if spec is not None}
+    unsettled = {c.scope for c in Circuit.objects.filter(scope__in=scopes) if _circuit_dirty(c)}
+    ready: list[ConsumerRun] = []
+    for run in runs:
+        spec = specs[run.pk]
+        if spec is None or circuits.consumer_scope(spec.name) in unsettled:
+            outcomes[run.pk] = consumer_run_execute(run.pk)
+        elif run.update.received_at < now - spec.max_age:
+            current_trace_id.set(run.trace_id)
+            consumer_run_end_stale(run, spec=spec)
+            outcomes[run.pk] = _counted(spec.name, "too-old")
+        else:
+            ready.append(run)
+    worker = worker_id()
+    lease = timedelta(seconds=settings.DOVECOTE_CONSUMER_LEASE_SECONDS)
+    claimed = transitions.claim_runs([run.pk for run in ready], worker=worker, lease=lease)
+    held: list[tuple[int, int]] = []
+    try:
+        with outbox_dispatch.holding() as held:
+            done: dict[str, list[int]] = {}
+            for run in ready:
+                spec = specs[run.pk]
+                if run.pk not in claimed:
+                    outcomes[run.pk] = _counted(spec.name, "claimed-elsewhere")
+                    continue
+                current_trace_id.set(run.trace_id)
+                run.attempts = claimed[run.pk] - 1  # _attempt counts this one
+                outcome, returned = _attempt(run, spec, worker=worker)
+                if outcome == "done":
+                    done.setdefault(returned, []).append(run.pk)
+                outcomes[run.pk] = outcome
+            for returned, pks in done.items():
+                transitions.mark_runs_done(pks, worker=worker, outcome=returned)
+    finally:
+        single.send_held(held)
+    for run in ready:
+        if run.pk in claimed:
+            _counted(specs[run.pk].name, outcomes[run.pk])
+    return outcomes
+
+
+def _counted(consumer: str, outcome: str) -> str:
+    metrics.CONSUMER_RUNS.labels(consumer=consumer, outcome=outcome).inc()
+    return outcome
+
+
+def _circuit_dirty(circuit: Circuit | None) -> bool:
+    """A circuit that is not plainly closed: a success must be written to it (it forgets the
+    counted failures, or closes it), and an open one may hold the run."""
+    return circuit is not None and not (circuit.state == CircuitState.CLOSED and circuit.consecutive_failures == 0)
+
+
+def _attempt(run: ConsumerRun, spec: registry.ConsumerSpec, *, worker: str) -> tuple[str, str]:
+    """Call the consumer on the run this worker has just claimed. A failure is settled here:
+    a deferral, an auth pause, a retry with backoff or a dead letter. Returns ("done", what
+    the consumer returned) for the caller to mark done, or (the outcome, "")."""
     run.attempts += 1
     ctx = registry.ConsumerContext(update=run.update, consumer=spec.name, trace_id=run.trace_id, attempt=run.attempts)
     try:
@@ -369,7 +452,7 @@ def _consumer_run_execute(run_pk: int, named: Callable[[str], None]) -> str:
     except registry.Defer as exc:
         transitions.defer_run(run.pk, worker=worker, until=exc.until, reason=exc.reason)
         dispatch_run(run.pk, countdown=max(0.0, (exc.until - timezone.now()).total_seconds()), consumer=spec.name)
-        return "deferred"
+        return "deferred", ""
     except registry.AuthError as exc:
         delay = circuits.open_for_auth(circuits.consumer_scope(spec.name), reason=str(exc))
         transitions.schedule_run_retry(
@@ -377,7 +460,7 @@ def _consumer_run_execute(run_pk: int, named: Callable[[str], None]) -> str:
         )
         logger.warning("consumer %s paused (auth) on update %s: %s", spec.name, run.update.update_id, exc)
         dispatch_run(run.pk, countdown=delay, consumer=spec.name)
-        return "paused"
+        return "paused", ""
     except registry.PermanentError as exc:
         error = _describe(exc)
         _dead_letter_run(
@@ -387,7 +470,7 @@ def _consumer_run_execute(run_pk: int, named: Callable[[str], None]) -> str:
             error_class="permanent",
         )
         logger.warning("consumer %s dead-lettered update %s: %s", spec.name, run.update.update_id, error)
-        return "dead-lettered"
+        return "dead-lettered", ""
     except Exception as exc:  # noqa: BLE001 - a consumer's failure must not stop the others
         # Celery's soft time limit lands here too (SoftTimeLimitExceeded, raised wherever the
         # consumer was): a failed attempt like any other, named for what it was.
@@ -411,18 +494,12 @@ def _consumer_run_execute(run_pk: int, named: Callable[[str], None]) -> str:
                 error=error,
                 error_class="exhausted",
             )
-            return "dead-lettered"
+            return "dead-lettered", ""
         delay = spec.delay_after(run.attempts)
         transitions.schedule_run_retry(run.pk, worker=worker, delay=delay, error=error, error_class="transient")
         dispatch_run(run.pk, countdown=delay, consumer=spec.name)
-        return "retry"
-    if dirty:
-        circuits.record_success(scope)
-    outcome = returned if isinstance(returned, str) else "done"
-    transitions.mark_run_done(run.pk, worker=worker, outcome=outcome)
-    if not _quiet_success.get():
-        logger.info("consumer %s done on update %s: %s", spec.name, run.update.update_id, outcome)
-    return "done"
+        return "retry", ""
+    return "done", returned if isinstance(returned, str) else "done"
 
 
 def _still_open(circuit: Circuit, now: datetime) -> bool:

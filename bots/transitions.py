@@ -60,6 +60,25 @@ def claim_run(run_id: int, *, worker: str, lease: timedelta) -> bool:
     return n == 1
 
 
+def claim_runs(run_ids: list[int], *, worker: str, lease: timedelta) -> dict[int, int]:
+    """pending|retry -> running for those of `run_ids` that are due and not taken, in one
+    statement (the router's inline runs). Returns {run id: its attempts, this one counted}."""
+    if not run_ids:
+        return {}
+    now = timezone.now()
+    table = ConsumerRun._meta.db_table
+    marks = ", ".join(["%s"] * len(run_ids))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""UPDATE {table} SET state = %s, lease_owner = %s, lease_expires_at = %s,
+                       attempts = attempts + 1, updated_at = %s
+                WHERE id IN ({marks}) AND state IN (%s, %s) AND next_attempt_at <= %s
+                RETURNING id, attempts""",  # noqa: S608 - the table from _meta, values as parameters
+            [RunState.RUNNING, worker, now + lease, now, *run_ids, *RUN_WAITING, now],
+        )
+        return dict(cursor.fetchall())
+
+
 def _owned(run_id: int, worker: str):
     return ConsumerRun.objects.filter(pk=run_id, state=RunState.RUNNING, lease_owner=worker)
 
@@ -76,6 +95,20 @@ def mark_run_done(run_id: int, *, worker: str, outcome: str = "") -> bool:
         outcome=outcome[:64],
     )
     return n == 1
+
+
+def mark_runs_done(run_ids: list[int], *, worker: str, outcome: str = "") -> int:
+    """mark_run_done for several runs this worker holds, with one outcome, in one statement."""
+    now = timezone.now()
+    return ConsumerRun.objects.filter(pk__in=run_ids, state=RunState.RUNNING, lease_owner=worker).update(
+        state=RunState.DONE,
+        finished_at=now,
+        updated_at=now,
+        lease_owner="",
+        lease_expires_at=None,
+        last_error="",
+        outcome=outcome[:64],
+    )
 
 
 def defer_run(run_id: int, *, worker: str, until: datetime, reason: str = "") -> bool:

@@ -32,6 +32,7 @@ WAITING = list(WAITING_STATES)
 # demo) takes the ORM path. Table names come from _meta; values are always parameters.
 _MESSAGES = OutboundMessage._meta.db_table
 _ATTEMPTS = Attempt._meta.db_table
+_UPDATES = OutboundMessage._meta.get_field("source_update").related_model._meta.db_table
 
 
 def _postgresql() -> bool:
@@ -70,13 +71,20 @@ def claim(message_id: int, *, worker: str, lease: timedelta, unchanged_since: da
 
 
 def claim_batch(
-    *, bot_id: int, worker: str, lease: timedelta, limit: int, due_since: datetime | None = None
+    *,
+    bot_id: int,
+    worker: str,
+    lease: timedelta,
+    limit: int,
+    due_since: datetime | None = None,
+    ids: list[int] | None = None,
 ) -> list[OutboundMessage]:
     """pending|retry -> sending for up to `limit` of the bot's due messages, oldest due first,
     in one statement. Skips rows another worker holds (SKIP LOCKED), ordered messages with an
     earlier one still open in their chat, broadcasts (paced by their own reserved slots) and
     everything while the bot's circuit is not closed (its probe goes one by one). With
-    `due_since`, only messages that fell due since then (the rest is the sweeper's ramp)."""
+    `due_since`, only messages that fell due since then (the rest is the sweeper's ramp).
+    With `ids`, only those messages (a worker sending the ones it has just written)."""
     from outbox.models import Circuit
 
     now = timezone.now()
@@ -90,7 +98,7 @@ def claim_batch(
         WITH picked AS MATERIALIZED (
           SELECT q.id FROM {_MESSAGES} q
           WHERE q.bot_id = %s AND q.state IN ('pending', 'retry') AND q.next_attempt_at <= %s
-            AND q.next_attempt_at >= %s AND q.broadcast = ''
+            AND q.next_attempt_at >= %s AND q.broadcast = ''{" AND q.id = ANY(%s)" if ids is not None else ""}
             AND NOT {chat_order.blocked_sql("q")}
             AND NOT EXISTS (SELECT 1 FROM {Circuit._meta.db_table} c WHERE c.scope = %s AND c.state <> 'closed')
           ORDER BY q.next_attempt_at
@@ -102,7 +110,8 @@ def claim_batch(
         RETURNING {columns}
     """  # noqa: S608 - names from _meta, values as parameters
     since = due_since or datetime.min.replace(tzinfo=now.tzinfo)
-    params = [bot_id, now, since, now, circuits.bot_scope(bot_id), limit, worker, now + lease, now]
+    params = [bot_id, now, since, *([ids] if ids is not None else []), now, circuits.bot_scope(bot_id)]
+    params += [limit, worker, now + lease, now]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
@@ -197,17 +206,22 @@ def mark_sent(
                         lease_expires_at = NULL, last_error = '', last_error_class = ''
                       FROM v WHERE {_MESSAGES}.id = v.message_id AND {_MESSAGES}.state = 'sending'
                         AND {_MESSAGES}.lease_owner = %s
-                      RETURNING {_MESSAGES}.id, {_MESSAGES}.bot_id, {_MESSAGES}.chat_id
+                      RETURNING {_MESSAGES}.id, {_MESSAGES}.bot_id, {_MESSAGES}.chat_id,
+                        {_MESSAGES}.source_update_id
                     )
-                    SELECT m.id, {next_sql} FROM m""",  # noqa: S608 - see _MESSAGES
+                    SELECT m.id, {next_sql},
+                      (SELECT u.received_at FROM {_UPDATES} u WHERE u.id = m.source_update_id)
+                    FROM m""",  # noqa: S608 - see _MESSAGES
                 [message_ids, attempt_ids, telegram_ids, results, now, now, now, worker]
                 + ([now, now] if next_in_chat else []),
             )
-            done = dict(cursor.fetchall())
+            rows = cursor.fetchall()
+        done = {message_id: next_id for message_id, next_id, _ in rows}
+        # Update received -> reply sent, read in the same statement.
+        metrics.observe_reply_seconds((now - received).total_seconds() for _, _, received in rows if received)
     for message, _, _ in sent:
         if message.pk in done:
             message.state = State.SENT
-    metrics.observe_replies(done)
     return done
 
 
@@ -225,6 +239,7 @@ def _mark_sent_portable(
                 if next_in_chat
                 else None
             )
+    metrics.observe_replies(done)
     return done
 
 

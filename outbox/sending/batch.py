@@ -176,7 +176,7 @@ def _drop_expired_and_vetoed(
 
 
 def _take_slots(
-    bot, messages: list[OutboundMessage], *, worker: str, report: DrainReport
+    bot, messages: list[OutboundMessage], *, worker: str, report: DrainReport, horizon: float = SLOT_HORIZON_SECONDS
 ) -> tuple[list[tuple[OutboundMessage, float]], float | None]:
     """The bot's next rate-limit slots for the batch: (message, seconds until its slot) for
     the messages that go in it, and how long until the bot can take more (None: at once).
@@ -185,13 +185,13 @@ def _take_slots(
     each message at its slot. A message without a slot goes back to waiting, still due, for
     the drain's next batch."""
     try:
-        return _slots_from_limiter(bot, messages, worker=worker, report=report)
+        return _slots_from_limiter(bot, messages, worker=worker, report=report, horizon=horizon)
     except LIMITER_ERRORS as exc:
         return [], _limiter_unreachable(messages, worker=worker, report=report, exc=exc)
 
 
 def _slots_from_limiter(
-    bot, messages: list[OutboundMessage], *, worker: str, report: DrainReport
+    bot, messages: list[OutboundMessage], *, worker: str, report: DrainReport, horizon: float
 ) -> tuple[list[tuple[OutboundMessage, float]], float | None]:
     if not settings.DOVECOTE_RATE_LIMITS_ENABLED:
         # Only a 429's pause applies: one look for the whole batch.
@@ -202,7 +202,7 @@ def _slots_from_limiter(
         return [], None if longest is None else time.monotonic() + longest
     if not messages:
         return [], None
-    delays = ratelimit.reserve_slots(bot.pk, bot.rate_limit, len(messages), horizon=SLOT_HORIZON_SECONDS)
+    delays = ratelimit.reserve_slots(bot.pk, bot.rate_limit, len(messages), horizon=horizon)
     go = list(zip(messages, delays, strict=False))
     unslotted = messages[len(delays) :]
     for message in unslotted:
@@ -210,7 +210,7 @@ def _slots_from_limiter(
     if unslotted:
         # The bot's slots are taken beyond the horizon, or a 429 pauses it.
         paused = ratelimit.bot_paused_for(bot.pk)
-        return go, time.monotonic() + (paused if paused > 0 else (delays[-1] if delays else SLOT_HORIZON_SECONDS))
+        return go, time.monotonic() + (paused if paused > 0 else (delays[-1] if delays else horizon))
     if delays and delays[-1] > ratelimit.SLOT_TOLERANCE_SECONDS:
         return go, time.monotonic() + delays[-1]
     return go, None
@@ -253,6 +253,7 @@ def _send(
     report: DrainReport,
     held: float | None,
     circuit_dirty: bool,
+    next_in_chat: bool = False,
 ) -> float | None:
     """Send the batch: at each slot, the chat's limit and the bot's window are checked as the
     single send checks them, the attempt rows are written (one statement, one commit, before
@@ -311,7 +312,9 @@ def _send(
         else:
             outcomes = [(futures[f], f.result()) for f in done]
         held = with_outcome_write_retries(
-            lambda outcomes=outcomes, held=held: _record(outcomes, attempts, worker=worker, report=report, held=held),
+            lambda outcomes=outcomes, held=held: _record(
+                outcomes, attempts, worker=worker, report=report, held=held, next_in_chat=next_in_chat
+            ),
             message_ids=[m.pk for m, _ in outcomes],
         )
     if circuit_dirty and report.sent > sent_before:
@@ -359,10 +362,17 @@ def _record(
     worker: str,
     report: DrainReport,
     held: float | None,
+    next_in_chat: bool = False,
 ) -> float | None:
+    """Record a gathered set of answers. The drain finds a chat's next message with its next
+    claim; a send that does not loop (`next_in_chat`) hands it on to the bot's drain."""
     sent = [(m, attempts[m.pk], o) for m, o in outcomes if o.ok]
-    done = transitions.mark_sent(sent, worker=worker)
+    done = transitions.mark_sent(sent, worker=worker, next_in_chat=next_in_chat)
     report.sent += len(done)
+    for message, _ in outcomes:
+        next_id = done.get(message.pk)
+        if next_id is not None and next_id != message.pk:
+            dispatch(next_id, bot_id=message.bot_id)
     for message, attempt, outcome in sent:
         # Its lease ran out while the request was out, and the sweeper gave it up: the
         # answer still settles it, and nothing is sent again.
@@ -382,3 +392,43 @@ def _record(
             wait = result.countdown if result.countdown is not None else policy.MAX_BROKER_COUNTDOWN_SECONDS
             held = max(held or 0.0, time.monotonic() + wait)
     return held
+
+
+# The inline send takes the bot's slots this far ahead at most: the rest of a batch goes to
+# the bot's drain rather than hold the router that wrote it.
+INLINE_HORIZON_SECONDS = 0.05
+
+
+def outbound_messages_send_now(bot_id: int, message_ids: list[int]) -> list[int]:
+    """Send these just-committed messages of one bot from this worker, as one batch of the
+    drain: one claim, one statement of attempt rows, the requests together, the answers in
+    one statement (outbox.sending.single.send_held, for two or more). Only what the bot has
+    room for now goes; nothing waits here. Returns the ids it did not send (not due, an
+    earlier message of their chat still open, the bot's circuit not closed, claimed
+    elsewhere, or no slot yet) for the caller to hand to the drain."""
+    bot = selectors.bot_model().objects.filter(pk=bot_id).first()
+    if bot is None:
+        return message_ids
+    worker = worker_id()
+    lease = timedelta(seconds=settings.DOVECOTE_SEND_LEASE_SECONDS)
+    circuit = Circuit.objects.filter(scope=circuits.bot_scope(bot_id)).first()
+    with uncommitted("before_claim_commit"):
+        messages = transitions.claim_batch(
+            bot_id=bot_id, worker=worker, lease=lease, limit=len(message_ids), ids=message_ids
+        )
+        if messages:
+            failpoint("before_claim_commit")
+    if messages:
+        failpoint("after_claim")
+    for message in messages:
+        message._state.fields_cache["bot"] = bot
+    report = DrainReport()
+    ready = _drop_expired_and_vetoed(messages, worker=worker, report=report)
+    go, held = _take_slots(bot, ready, worker=worker, report=report, horizon=INLINE_HORIZON_SECONDS)
+    claimed = {m.pk for m in messages}
+    slotted = {m.pk for m, _ in go}
+    # Those without a slot went back to waiting: the drain paces them.
+    left = [pk for pk in message_ids if pk not in claimed] + [m.pk for m in ready if m.pk not in slotted]
+    dirty = circuit is not None and not (circuit.state == CircuitState.CLOSED and circuit.consecutive_failures == 0)
+    _send(bot, go, worker=worker, report=report, held=held, circuit_dirty=dirty, next_in_chat=True)
+    return left

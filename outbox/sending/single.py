@@ -11,7 +11,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from outbox import botapi, circuits, ratelimit, selectors, transitions
-from outbox.dispatch import dispatch, kick_chat
+from outbox.dispatch import dispatch, drain_enabled, kick_chat
 from outbox.failpoints import failpoint, uncommitted
 from outbox.logs import current_trace_id
 from outbox.models import ErrorClass, OutboundMessage, State
@@ -128,15 +128,40 @@ _HAND_ON = frozenset({"no-room", "waiting-for-earlier", "circuit-open"})
 
 def send_held(held: list[tuple[int, int]]) -> None:
     """Send, in this worker, the messages it just wrote and committed (dispatch.holding):
-    the reply leaves without a Celery hop when the bot has room. What cannot go now is handed
-    on as `dispatch` would have: to the bot's drain, or back to the broker at its countdown.
-    Never raises: a message left unsent is due in its row, and the sweeper dispatches it."""
+    the reply leaves without a Celery hop when the bot has room. Two or more of a bot go as
+    one batch of the drain (outbox.sending.batch), one alone goes here. What cannot go now
+    is handed on as `dispatch` would have: to the bot's drain, or back to the broker at its
+    countdown. Never raises: a message left unsent is due in its row, and the sweeper
+    dispatches it."""
+    by_bot: dict[int, list[int]] = {}
     for message_id, bot_id in held:
-        try:
-            result = outbound_message_send(message_id, only_if_room=True)
-            if result.countdown is not None:
-                dispatch(message_id, countdown=result.countdown, slot_reserved=result.slot_reserved)
-            elif result.status in _HAND_ON:
-                dispatch(message_id, bot_id=bot_id)
-        except Exception:
-            logger.exception("message %s: sending it inline failed; the sweeper dispatches it", message_id)
+        by_bot.setdefault(bot_id, []).append(message_id)
+    for bot_id, message_ids in by_bot.items():
+        if len(message_ids) > 1 and drain_enabled():
+            _send_batch_now(bot_id, message_ids)
+        else:
+            for message_id in message_ids:
+                _send_now(message_id, bot_id)
+
+
+def _send_batch_now(bot_id: int, message_ids: list[int]) -> None:
+    from outbox.sending.batch import outbound_messages_send_now
+
+    try:
+        left = outbound_messages_send_now(bot_id, message_ids)
+    except Exception:
+        logger.exception("messages %s: sending them inline failed; the sweeper dispatches them", message_ids)
+        return
+    if left:
+        dispatch(left[0], bot_id=bot_id)  # one wake-up of the bot's drain takes them all
+
+
+def _send_now(message_id: int, bot_id: int) -> None:
+    try:
+        result = outbound_message_send(message_id, only_if_room=True)
+        if result.countdown is not None:
+            dispatch(message_id, countdown=result.countdown, slot_reserved=result.slot_reserved)
+        elif result.status in _HAND_ON:
+            dispatch(message_id, bot_id=bot_id)
+    except Exception:
+        logger.exception("message %s: sending it inline failed; the sweeper dispatches it", message_id)

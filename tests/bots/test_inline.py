@@ -6,10 +6,13 @@ before. Real PostgreSQL, Redis (the broker's queue read back) and the sandbox.""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 from django.test import override_settings
 from django.utils import timezone
 
+from bots import registry
 from bots.models import ConsumerRun, RunState
 from bots.services import consumer_run_execute, inbox_update_store, inbox_updates_route
 from outbox import ratelimit
@@ -100,3 +103,69 @@ def test_an_update_run_here_logs_one_info_line_with_its_trace_id(bot, sandbox, c
         f"update {update.update_id} routed to auto_reply, analytics; ran here: auto_reply done, analytics done"
     ]
     assert lines[0].trace_id == update.trace_id
+
+
+@pytest.fixture
+def picky_consumer() -> Iterator[None]:
+    """An inline-safe consumer that fails on "boom" and answers everything else."""
+
+    @registry.consumer("picky", update_types=["message"], max_attempts=3, inline=True)
+    def picky(ctx: registry.ConsumerContext) -> str:
+        if ctx.text == "boom":
+            raise registry.TransientError("picky does not like boom")
+        return "liked"
+
+    yield
+    registry.unregister("picky")
+
+
+def test_a_batch_runs_its_inline_runs_together_and_a_failure_is_settled_for_its_run_alone(
+    bot_factory, sandbox, picky_consumer, django_assert_max_num_queries
+) -> None:
+    bot = bot_factory(rate_limit=1000)  # room for the six replies at once (a paid broadcast bot)
+    for n, text in enumerate(["one", "boom", "three", "four", "five", "six"], start=1):
+        store(bot, 600 + n, n, text)
+
+    # 6 updates, 18 runs: claimed together, done together, the six replies sent as one batch
+    # (one at a time, this was ~120 statements).
+    with django_assert_max_num_queries(45):
+        assert inbox_updates_route(bot.pk) == 6
+
+    runs = {(r.update.message_id, r.consumer): r for r in ConsumerRun.objects.filter(update__bot=bot)}
+    failed = runs.pop((2, "picky"))
+    assert (failed.state, failed.attempts, failed.last_error_class) == (RunState.RETRY, 1, "transient")
+    assert "picky does not like boom" in failed.last_error
+    assert {(r.state, r.attempts) for r in runs.values()} == {(RunState.DONE, 1)}
+    assert {r.outcome for k, r in runs.items() if k[1] == "picky"} == {"liked"}
+    assert sorted(sandbox.sent_texts(token=bot.token)) == sorted(
+        f"Echo: {t}" for t in ["one", "boom", "three", "four", "five", "six"]
+    )
+    assert set(OutboundMessage.objects.filter(bot=bot).values_list("state", "attempts")) == {(State.SENT, 1)}
+    assert [t.args for t in queued() if t.name == "bots.run_consumer"] == [[failed.pk]]  # its retry
+
+
+def test_a_batch_sends_what_the_bot_has_room_for_and_hands_the_rest_to_the_drain(bot_factory, sandbox) -> None:
+    slow = bot_factory(rate_limit=1)
+    for n in range(1, 4):
+        store(slow, 700 + n, n, f"m{n}")
+
+    inbox_updates_route(slow.pk)
+
+    assert len(sandbox.sent_texts(token=slow.token)) == 1  # the bot's one slot for now
+    waiting = OutboundMessage.objects.filter(bot=slow, state=State.PENDING)
+    assert {(m.attempts, m.next_attempt_at <= timezone.now()) for m in waiting} == {(0, True)}
+    assert waiting.count() == 2
+    assert queued_names().count("outbox.drain_bot") == 1  # one wake-up for both
+
+
+def test_replies_to_one_chat_in_one_batch_keep_their_order(bot, sandbox) -> None:
+    store(bot, 801, 1, "first")
+    store(bot, 801, 2, "second")
+
+    inbox_updates_route(bot.pk)
+
+    # The second waits for the first (the chat's order); the bot's drain sends it next.
+    assert sandbox.sent_texts(token=bot.token) == ["Echo: first"]
+    second = OutboundMessage.objects.get(bot=bot, state=State.PENDING)
+    assert second.payload["text"] == "Echo: second"
+    assert "outbox.drain_bot" in queued_names()
