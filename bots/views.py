@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-import contextlib
 import hmac
 import json
 import logging
 import time
+from typing import Any
 
 from django.conf import settings
-from django.db import DatabaseError, DataError, connection, transaction
+from django.db import DatabaseError, DataError, InterfaceError, OperationalError, connection, transaction
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from bots.models import Bot, InboundUpdate
 from bots.payloads import MAX_JSON_DEPTH, json_depth
 from bots.services import inbox_update_store, new_trace_id, webhook_bot
 from outbox import metrics
@@ -93,13 +94,8 @@ def _receive(request: HttpRequest, name: str) -> JsonResponse:
         if isinstance(update_id, bool) or not isinstance(update_id, int) or not -(2**63) <= update_id < 2**63:
             return _error(400, "update_id must be an integer")
 
-        # One statement, committed by itself (autocommit): no BEGIN and COMMIT round trips, and
-        # the 200 below still comes only after the commit. Inside a transaction already (with
-        # ATOMIC_REQUESTS), a savepoint keeps it usable after a refused row.
-        guard = transaction.atomic() if connection.in_atomic_block else contextlib.nullcontext()
         try:
-            with guard:
-                update, created = inbox_update_store(bot=bot, payload=payload, trace_id=trace_id)
+            update, created = _store(bot, payload, trace_id)
         except DataError:
             # E.g. a \u0000 inside a string, which PostgreSQL's jsonb refuses: bad input,
             # and retrying would not help.
@@ -116,3 +112,26 @@ def _receive(request: HttpRequest, name: str) -> JsonResponse:
         extra={"bot": bot.name, "update_type": update.update_type},
     )
     return JsonResponse({"ok": True})
+
+
+def _store(bot: Bot, payload: dict[str, Any], trace_id: str) -> tuple[InboundUpdate, bool]:
+    """The update's one statement, committed by itself (autocommit): no BEGIN and COMMIT
+    round trips, and the 200 still comes only after the commit. Inside a transaction already
+    (ATOMIC_REQUESTS), a savepoint keeps it usable after a refused row.
+
+    Django's connection health check would cost a `SELECT 1` round trip per request; the
+    INSERT tells the same. A reused connection that turns out dead (PostgreSQL restarted) is
+    replaced and the INSERT sent once more: it is idempotent (ON CONFLICT DO NOTHING)."""
+    if connection.in_atomic_block:
+        with transaction.atomic():
+            return inbox_update_store(bot=bot, payload=payload, trace_id=trace_id)
+    reused = connection.connection is not None
+    connection.health_check_done = True
+    try:
+        return inbox_update_store(bot=bot, payload=payload, trace_id=trace_id)
+    except (OperationalError, InterfaceError):
+        if not reused:
+            raise
+        logger.warning("the database connection was lost; storing the update on a new one")
+        connection.close()
+        return inbox_update_store(bot=bot, payload=payload, trace_id=trace_id)

@@ -73,6 +73,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # Telegram's webhook skips the rest of the stack (bots/middleware.py): the hot path.
+    "bots.middleware.webhook_first",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",

@@ -123,6 +123,30 @@ def test_a_stored_update_costs_one_statement_after_the_first(client: Client, bot
     assert InboundUpdate.objects.filter(bot=bot).count() == 2
 
 
+def test_the_webhook_goes_ahead_of_the_admins_middleware_but_keeps_the_sites_rules(client: Client, bot) -> None:
+    # The admin's stack (sessions, CSRF, clickjacking headers) is not the webhook's: no cookie,
+    # no CSRF token needed, and the update is stored.
+    response = post(client, bot, message_update(1))
+    assert (response.status_code, response.cookies) == (200, {})
+    assert InboundUpdate.objects.filter(bot=bot, update_id=1).exists()
+    assert client.get("/admin/login/").headers["X-Frame-Options"] == "DENY"  # the stack still runs there
+    # A site that sends plain HTTP to HTTPS sends the webhook too.
+    with override_settings(SECURE_SSL_REDIRECT=True):
+        fresh = Client()  # its middleware is built under the setting
+        assert post(fresh, bot, message_update(2)).status_code == 301
+        assert (
+            fresh.post(
+                bot.webhook_path,
+                json.dumps(message_update(3)),
+                "application/json",
+                secure=True,
+                **{"HTTP_" + SECRET_HEADER.upper().replace("-", "_"): bot.webhook_secret},
+            ).status_code
+            == 200
+        )
+    assert not InboundUpdate.objects.filter(bot=bot, update_id=2).exists()
+
+
 def test_a_bot_deactivated_or_given_a_new_secret_is_refused_at_once_here_and_soon_elsewhere(
     client: Client, bot, monkeypatch
 ) -> None:
@@ -231,6 +255,35 @@ def test_twenty_concurrent_deliveries_of_one_update_store_one_row(web: str, bot_
 
     assert statuses == [200] * 20
     assert InboundUpdate.objects.filter(bot=bot, update_id=77).count() == 1
+
+
+@pytest.mark.e2e
+def test_a_dropped_database_connection_costs_the_webhook_no_update(
+    process_env: dict, processes: list, bot_factory
+) -> None:
+    # The webhook skips Django's per-request health check (a SELECT 1): a connection that
+    # PostgreSQL dropped is found by the INSERT itself, replaced, and the update stored.
+    from tests.support import start_web
+
+    bot = bot_factory()
+    proc, url = start_web(process_env, name="web-dropped")
+    processes.append(proc)
+    statuses = [
+        httpx.post(f"{url}{bot.webhook_path}", json=message_update(n), timeout=10).status_code for n in range(20)
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        assert cursor.fetchone()[0] >= 1  # the web's connections
+
+    statuses += [
+        httpx.post(f"{url}{bot.webhook_path}", json=message_update(n), timeout=10).status_code for n in range(20, 40)
+    ]
+
+    assert statuses == [200] * 40
+    assert InboundUpdate.objects.filter(bot=bot).count() == 40
 
 
 @pytest.mark.e2e
