@@ -20,7 +20,7 @@ from django.dispatch import receiver
 from django.utils import timezone
 
 from bots import registry, transitions
-from bots.models import Bot, ConsumerRun, InboundUpdate
+from bots.models import Bot, ConsumerRun, InboundUpdate, UpdateState
 from outbox import circuits, metrics, wakeups
 from outbox import dispatch as outbox_dispatch
 from outbox.logs import current_trace_id
@@ -168,11 +168,12 @@ def inbox_update_route(update_pk: int) -> list[int]:
     return [pk for pk, _, _ in routing.runs]
 
 
-def inbox_updates_route(bot_id: int, *, limit: int = ROUTE_BATCH_SIZE) -> int:
+def inbox_updates_route(bot_id: int, *, limit: int = ROUTE_BATCH_SIZE, bot: Bot | None = None) -> int:
     """Route up to `limit` of the bot's new updates, oldest first, in one transaction (their
     runs in one INSERT), then run the inline-safe ones here. Routers on other workers take
     other rows. Returns how many updates."""
-    bot = Bot.objects.filter(pk=bot_id).first()
+    if bot is None:
+        bot = Bot.objects.filter(pk=bot_id).first()
     with transaction.atomic():
         taken = transitions.take_updates_to_route(InboundUpdate.objects.filter(bot_id=bot_id), limit=limit)
         for update in taken:
@@ -214,20 +215,20 @@ def _write_runs(updates: list[InboundUpdate]) -> Routing:
         for u in updates
         for spec in matched[u.pk]
     }
-    ConsumerRun.objects.bulk_create(list(runs.values()), ignore_conflicts=True)
-    rows = list(
-        ConsumerRun.objects.filter(update__in=updates).order_by("pk").values_list("pk", "update_id", "consumer")
-    )
-    inline = []
-    for pk, update_pk, name in rows:
-        if (update_pk, name) in inline_keys:
-            run = runs[(update_pk, name)]
-            run.pk, run._state.adding = pk, False
-            inline.append(run)
+    written = rows.insert_many_once(list(runs.values()), unique=("update_id", "consumer"))
+    if written == len(runs):
+        routed = sorted((run.pk, update_pk, name) for (update_pk, name), run in runs.items())
+    else:
+        # Runs of these updates existed already (nothing routes an update twice; this is for
+        # rows written by hand): they are the runs, as they stand.
+        routed = list(
+            ConsumerRun.objects.filter(update__in=updates).order_by("pk").values_list("pk", "update_id", "consumer")
+        )
+    inline = [runs[(u, name)] for pk, u, name in routed if (u, name) in inline_keys and runs[(u, name)].pk == pk]
     inline_pks = {run.pk for run in inline}
-    queued = [(pk, name) for pk, _, name in rows if pk not in inline_pks]
+    queued = [(pk, name) for pk, _, name in routed if pk not in inline_pks]
     transaction.on_commit(lambda: [dispatch_run(pk, consumer=name) for pk, name in queued])
-    return Routing(rows, inline)
+    return Routing(routed, inline)
 
 
 def _run_inline_and_log(updates: list[InboundUpdate], routing: Routing) -> None:
@@ -295,16 +296,19 @@ def inbox_router_run(bot_id: int) -> int:
     started = time.monotonic()
     routed = 0
     holds_key = True
+    bot = Bot.objects.filter(pk=bot_id).first()
     while True:
         if holds_key:
             wakeups.renew(_router_key(bot_id))
-        n = inbox_updates_route(bot_id)
+        elif not InboundUpdate.objects.filter(bot_id=bot_id, state=UpdateState.NEW).exists():
+            return routed  # the look after letting go (one statement when, as usual, it is empty)
+        n = inbox_updates_route(bot_id, limit=ROUTE_BATCH_SIZE, bot=bot)
         routed += n
-        if n == 0:
-            if not holds_key:
-                return routed
-            wakeups.release(_router_key(bot_id))
-            holds_key = False
+        if n < ROUTE_BATCH_SIZE:
+            # Nothing more was waiting when it looked: let go of the key, then look once more.
+            if holds_key:
+                wakeups.release(_router_key(bot_id))
+                holds_key = False
             continue
         if time.monotonic() - started > ROUTE_TIME_BUDGET_SECONDS:
             wakeups.hand_over(_router_key(bot_id), lambda: _publish_router(bot_id), holds_key=holds_key)
@@ -379,8 +383,8 @@ def consumer_runs_execute_inline(runs: list[ConsumerRun]) -> dict[int, str]:
     """The router's inline runs of one batch, just routed and committed: the single run's
     rules at a batch's price. The runs are claimed in one statement, each consumer runs
     (a failure is settled for its run alone, as `consumer_run_execute` settles it), the
-    successes are marked done in one statement per outcome, and the replies they wrote are
-    sent together right after. A run whose consumer's circuit is not plainly closed takes
+    replies they wrote are sent together, and the successes are marked done in one statement
+    per outcome. A run whose consumer's circuit is not plainly closed takes
     the single path. Returns each run's outcome.
 
     A crash mid-batch leaves the claimed runs `running`: the sweeper retries them at their
@@ -406,9 +410,9 @@ def consumer_runs_execute_inline(runs: list[ConsumerRun]) -> dict[int, str]:
     lease = timedelta(seconds=settings.DOVECOTE_CONSUMER_LEASE_SECONDS)
     claimed = transitions.claim_runs([run.pk for run in ready], worker=worker, lease=lease)
     held: list[tuple[int, int]] = []
+    done: dict[str, list[int]] = {}
     try:
         with outbox_dispatch.holding() as held:
-            done: dict[str, list[int]] = {}
             for run in ready:
                 spec = specs[run.pk]
                 if run.pk not in claimed:
@@ -420,10 +424,13 @@ def consumer_runs_execute_inline(runs: list[ConsumerRun]) -> dict[int, str]:
                 if outcome == "done":
                     done.setdefault(returned, []).append(run.pk)
                 outcomes[run.pk] = outcome
-            for returned, pks in done.items():
-                transitions.mark_runs_done(pks, worker=worker, outcome=returned)
     finally:
-        single.send_held(held)
+        # The replies first (they are committed; the answer should not wait for bookkeeping),
+        # then the runs marked done: a crash between them re-runs the runs, whose replies'
+        # keys are taken, so nothing is sent twice.
+        single.send_held(held, bots={run.bot_id: run.update.bot for run in ready[:1]})
+        for returned, pks in done.items():
+            transitions.mark_runs_done(pks, worker=worker, outcome=returned)
     for run in ready:
         if run.pk in claimed:
             _counted(specs[run.pk].name, outcomes[run.pk])

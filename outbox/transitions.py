@@ -107,15 +107,23 @@ def claim_batch(
         )
         UPDATE {_MESSAGES} m SET state = 'sending', lease_owner = %s, lease_expires_at = %s, updated_at = %s
         FROM picked WHERE m.id = picked.id AND m.state IN ('pending', 'retry')
-        RETURNING {columns}
+        RETURNING {columns},
+          EXISTS (SELECT 1 FROM {Circuit._meta.db_table} c WHERE c.scope = %s AND c.consecutive_failures > 0)
     """  # noqa: S608 - names from _meta, values as parameters
     since = due_since or datetime.min.replace(tzinfo=now.tzinfo)
-    params = [bot_id, now, since, *([ids] if ids is not None else []), now, circuits.bot_scope(bot_id)]
-    params += [limit, worker, now + lease, now]
+    scope = circuits.bot_scope(bot_id)
+    params = [bot_id, now, since, *([ids] if ids is not None else []), now, scope]
+    params += [limit, worker, now + lease, now, scope]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
-    messages = [selectors.message_from_row(list(row)) for row in rows]
+    messages = []
+    for *values, circuit_dirty in rows:
+        message = selectors.message_from_row(values)
+        # The bot's circuit is closed (else nothing is claimed); with failures counted, a
+        # success must reset them.
+        message.circuit_dirty = circuit_dirty
+        messages.append(message)
     messages.sort(key=lambda m: (m.next_attempt_at, m.pk))
     return messages
 

@@ -1,6 +1,6 @@
-"""Inserting a row once, in one statement: the hot paths' `INSERT … ON CONFLICT DO NOTHING`
-(the webhook's update, a one-message enqueue). PostgreSQL (and SQLite 3.35+); no SELECT first,
-no savepoint."""
+"""Inserting rows once, in one statement: the hot paths' `INSERT … ON CONFLICT DO NOTHING`
+(the webhook's update, a one-message enqueue, a routed update's consumer runs). PostgreSQL
+(and SQLite 3.35+); no SELECT first, no savepoint."""
 
 from __future__ import annotations
 
@@ -17,14 +17,15 @@ def _fields(model: type[Model]) -> list[Any]:
 
 
 @cache
-def _sql(model: type[Model], unique: tuple[str, ...]) -> str:
+def _sql(model: type[Model], unique: tuple[str, ...], count: int = 1) -> str:
     qn = connection.ops.quote_name
     meta = model._meta
     columns = ", ".join(qn(f.column) for f in _fields(model))
-    placeholders = ", ".join(["%s"] * len(_fields(model)))
+    placeholders = ", ".join(["(" + ", ".join(["%s"] * len(_fields(model))) + ")"] * count)
+    returning = ", ".join(qn(c) for c in (meta.pk.column, *unique))
     return (
-        f"INSERT INTO {qn(meta.db_table)} ({columns}) VALUES ({placeholders}) "  # noqa: S608 - names from _meta
-        f"ON CONFLICT ({', '.join(qn(c) for c in unique)}) DO NOTHING RETURNING {qn(meta.pk.column)}"
+        f"INSERT INTO {qn(meta.db_table)} ({columns}) VALUES {placeholders} "  # noqa: S608 - names from _meta
+        f"ON CONFLICT ({', '.join(qn(c) for c in unique)}) DO NOTHING RETURNING {returning}"
     )
 
 
@@ -41,3 +42,24 @@ def insert_once(row: Model, *, unique: tuple[str, ...]) -> bool:
     row.pk = inserted[0]
     row._state.adding, row._state.db = False, connection.alias
     return True
+
+
+def insert_many_once(rows: list[Model], *, unique: tuple[str, ...]) -> int:
+    """insert_once for several rows of one model in one statement. Each row inserted gets
+    its pk; a row whose `unique` columns were taken keeps pk None. Returns how many were
+    inserted. `unique` names columns (e.g. "update_id")."""
+    if not rows:
+        return 0
+    model = type(rows[0])
+    params = [f.get_db_prep_save(f.pre_save(row, True), connection) for row in rows for f in _fields(model)]
+    with connection.cursor() as cursor:
+        cursor.execute(_sql(model, unique, len(rows)), params)
+        inserted = {tuple(values): pk for pk, *values in cursor.fetchall()}
+    by_column = {f.column: f for f in _fields(model)}
+    for row in rows:
+        key = tuple(by_column[c].get_db_prep_save(getattr(row, by_column[c].attname), connection) for c in unique)
+        pk = inserted.get(key)
+        if pk is not None:
+            row.pk = pk
+            row._state.adding, row._state.db = False, connection.alias
+    return len(inserted)

@@ -399,19 +399,19 @@ def _record(
 INLINE_HORIZON_SECONDS = 0.05
 
 
-def outbound_messages_send_now(bot_id: int, message_ids: list[int]) -> list[int]:
+def outbound_messages_send_now(bot_id: int, message_ids: list[int], *, bot=None) -> list[int]:
     """Send these just-committed messages of one bot from this worker, as one batch of the
     drain: one claim, one statement of attempt rows, the requests together, the answers in
-    one statement (outbox.sending.single.send_held, for two or more). Only what the bot has
+    one statement (outbox.sending.single.send_held). Only what the bot has
     room for now goes; nothing waits here. Returns the ids it did not send (not due, an
     earlier message of their chat still open, the bot's circuit not closed, claimed
     elsewhere, or no slot yet) for the caller to hand to the drain."""
-    bot = selectors.bot_model().objects.filter(pk=bot_id).first()
+    if bot is None:
+        bot = selectors.bot_model().objects.filter(pk=bot_id).first()
     if bot is None:
         return message_ids
     worker = worker_id()
     lease = timedelta(seconds=settings.DOVECOTE_SEND_LEASE_SECONDS)
-    circuit = Circuit.objects.filter(scope=circuits.bot_scope(bot_id)).first()
     with uncommitted("before_claim_commit"):
         messages = transitions.claim_batch(
             bot_id=bot_id, worker=worker, lease=lease, limit=len(message_ids), ids=message_ids
@@ -429,6 +429,6 @@ def outbound_messages_send_now(bot_id: int, message_ids: list[int]) -> list[int]
     slotted = {m.pk for m, _ in go}
     # Those without a slot went back to waiting: the drain paces them.
     left = [pk for pk in message_ids if pk not in claimed] + [m.pk for m in ready if m.pk not in slotted]
-    dirty = circuit is not None and not (circuit.state == CircuitState.CLOSED and circuit.consecutive_failures == 0)
+    dirty = any(m.circuit_dirty for m in messages)
     _send(bot, go, worker=worker, report=report, held=held, circuit_dirty=dirty, next_in_chat=True)
     return left

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.conf import settings
 from django.utils import timezone
@@ -126,29 +127,31 @@ def _claim(message_id: int, *, worker: str, lease: timedelta, unchanged_since: d
 _HAND_ON = frozenset({"no-room", "waiting-for-earlier", "circuit-open"})
 
 
-def send_held(held: list[tuple[int, int]]) -> None:
+def send_held(held: list[tuple[int, int]], *, bots: dict[int, Any] | None = None) -> None:
     """Send, in this worker, the messages it just wrote and committed (dispatch.holding):
-    the reply leaves without a Celery hop when the bot has room. Two or more of a bot go as
-    one batch of the drain (outbox.sending.batch), one alone goes here. What cannot go now
-    is handed on as `dispatch` would have: to the bot's drain, or back to the broker at its
-    countdown. Never raises: a message left unsent is due in its row, and the sweeper
-    dispatches it."""
+    the reply leaves without a Celery hop when the bot has room. With the drain's machinery
+    (PostgreSQL and Redis) a bot's messages go as one batch (outbox.sending.batch: three
+    statements for the lot), `bots` sparing the read of a bot the caller holds; else one by
+    one. What cannot go now is handed on as `dispatch` would have: to the bot's drain, or
+    back to the broker at its countdown. Never raises: a message left unsent is due in its
+    row, and the sweeper dispatches it."""
     by_bot: dict[int, list[int]] = {}
     for message_id, bot_id in held:
         by_bot.setdefault(bot_id, []).append(message_id)
+    batched = drain_enabled()
     for bot_id, message_ids in by_bot.items():
-        if len(message_ids) > 1 and drain_enabled():
-            _send_batch_now(bot_id, message_ids)
+        if batched:
+            _send_batch_now(bot_id, message_ids, (bots or {}).get(bot_id))
         else:
             for message_id in message_ids:
                 _send_now(message_id, bot_id)
 
 
-def _send_batch_now(bot_id: int, message_ids: list[int]) -> None:
+def _send_batch_now(bot_id: int, message_ids: list[int], bot: Any) -> None:
     from outbox.sending.batch import outbound_messages_send_now
 
     try:
-        left = outbound_messages_send_now(bot_id, message_ids)
+        left = outbound_messages_send_now(bot_id, message_ids, bot=bot)
     except Exception:
         logger.exception("messages %s: sending them inline failed; the sweeper dispatches them", message_ids)
         return
