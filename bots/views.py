@@ -105,7 +105,10 @@ def _receive(request: HttpRequest, name: str) -> JsonResponse:
         logger.exception("database unavailable; answered 503")
         return _error(503, "storage unavailable, retry later")
     request.dovecote_stored = created  # type: ignore[attr-defined]
-    logger.info(
+    # A stored update's INFO line is the router's ("update N routed to ...", same trace id):
+    # one line per update, not two. A duplicate (Telegram retried) is worth one here.
+    logger.log(
+        logging.DEBUG if created else logging.INFO,
         "update %s %s",
         update.update_id,
         "stored" if created else "duplicate dropped",
