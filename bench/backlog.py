@@ -1,0 +1,131 @@
+"""Backlog drain: a burst of updates through the webhook leaves replies queued over many
+chats; how fast do they leave, against the bot's rate limit, with no celery-beat (the sweeper
+not running) or with it?
+
+gunicorn (`project.wsgi`) and one Celery worker (`-c 2`), the echo responder, a sandbox that
+enforces L messages/s per bot and 1/s per private chat (real 429s past them, each sliding
+second counted strictly, every request reaching the counters up to `--jitter-ms` late). The
+burst: `--updates` message updates over `--chats` chats, posted as fast as the webhook takes
+them. Reported: replies per second from the first reply to the last, / L, the 429s received
+and the duplicates. Not a test: figures go to docs/PERFORMANCE.md.
+
+    .venv/bin/python bench/backlog.py [--updates 1000] [--chats 100] [--limit 30] [--beat]
+
+Needs PostgreSQL and Redis on 127.0.0.1; creates and drops its own database.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import time
+
+import _common as c
+import httpx
+
+DB = f"dovecote_backlog_{os.getpid()}"
+TOKEN = "700005:backlog-token-abcdefghijklmnopqrstuvwxyz"
+SECRET = "backlog-webhook-secret"
+
+
+def update(n: int, chats: int) -> dict:
+    chat = 500_000 + n % chats
+    user = {"id": chat, "is_bot": False, "first_name": "Backlog"}
+    return {
+        "update_id": n,
+        "message": {"message_id": n, "from": user, "chat": {**user, "type": "private"}, "date": 1, "text": f"bl {n}"},
+    }
+
+
+async def burst(url: str, updates: int, chats: int) -> dict[int, int]:
+    statuses: dict[int, int] = {}
+    headers = {"X-Telegram-Bot-Api-Secret-Token": SECRET}
+    async with httpx.AsyncClient(timeout=30, headers=headers) as client:
+        queue = list(range(1, updates + 1))
+
+        async def connection() -> None:
+            while queue:
+                n = queue.pop(0)
+                response = await client.post(url, content=json.dumps(update(n, chats)))
+                statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
+
+        await asyncio.gather(*(connection() for _ in range(16)))
+    return statuses
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--updates", type=int, default=1000)
+    parser.add_argument("--chats", type=int, default=100)
+    parser.add_argument("--limit", type=int, default=30, help="L: the sandbox's and the bot's messages/s")
+    parser.add_argument("--jitter-ms", type=float, default=5.0)
+    parser.add_argument("--beat", action="store_true", help="also run celery-beat (the sweeper)")
+    args = parser.parse_args()
+
+    env = c.bench_env(DB, DEBUG="0", SECRET_KEY="backlog-bench-not-a-secret-0123456789abcdefghijklmnopqrstuvwxyz")
+    env.update(ALLOWED_HOSTS="127.0.0.1,localhost", CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT="1")
+    c.setup_database(DB, env)
+    procs: list[c.Proc] = []
+    try:
+        sandbox, sandbox_url = c.start_sandbox(
+            env, "--bot-rate", str(args.limit), "--private-chat-rate", "1", "--jitter-ms", str(args.jitter_ms)
+        )
+        procs.append(sandbox)
+        env["TELEGRAM_API_BASE_URL"] = sandbox_url
+        add_bot = [str(c.BIN / "python"), "manage.py", "add_bot", "backlog", "--token", TOKEN]
+        add_bot += ["--webhook-secret", SECRET, "--api-base-url", sandbox_url, "--responder", "echo"]
+        add_bot += ["--rate-limit", str(args.limit)]
+        subprocess.run(add_bot, cwd=c.ROOT, env=env, check=True, capture_output=True)
+        port = c.free_port()
+        procs.append(c.Proc("web", [str(c.BIN / "gunicorn"), "project.wsgi"], {**env, "BIND": f"127.0.0.1:{port}"}))
+        c.wait_until(lambda: _up(f"http://127.0.0.1:{port}/healthz"), 30, "the web process")
+        procs.append(c.start_worker(env, pool="prefork", concurrency=2))
+        if args.beat:
+            procs.append(c.Proc("beat", [str(c.BIN / "celery"), "-A", "project", "beat", "-l", "warning"], env))
+        url = f"http://127.0.0.1:{port}/webhooks/telegram/backlog/"
+
+        started = time.time()
+        statuses = asyncio.run(burst(url, args.updates, args.chats))
+        burst_seconds = time.time() - started
+
+        def replies() -> list[dict]:
+            return [x for x in c.sandbox_calls(sandbox_url, TOKEN) if x["method"] == "sendMessage"]
+
+        c.wait_until(
+            lambda: sum(1 for x in replies() if x["delivered"]) >= statuses.get(200, 0),
+            args.updates / args.limit * 3 + 60,
+            "every reply",
+            interval=1.0,
+        )
+        calls = replies()
+        delivered = sorted(x["at"] for x in calls if x["delivered"])
+        texts = [x["params"].get("text") for x in calls if x["delivered"]]
+        refused = sum(1 for x in calls if x["status"] == 429)
+        span = delivered[-1] - delivered[0]
+        rate = (len(delivered) - 1) / span
+        print(f"burst              {args.updates} updates over {args.chats} chats in {burst_seconds:.1f} s: {statuses}")
+        print(f"limit L            {args.limit}/s per bot, 1/s per chat (sandbox and bot.rate_limit)")
+        print(f"processes          web (gunicorn), worker -c 2{', beat' if args.beat else ', no beat'}")
+        print(f"replies            {len(delivered)} in {span:.1f} s; last one {delivered[-1] - started:.1f} s after")
+        print("                   the burst began")
+        print(f"achieved rate      {rate:.1f} msg/s = {rate / args.limit:.3f} L   (aim >= 0.9)")
+        print(f"429s received      {refused}   (aim 0)")
+        print(f"duplicates         {len(texts) - len(set(texts))}")
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+        c.drop_database(DB)
+
+
+def _up(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+if __name__ == "__main__":
+    main()
