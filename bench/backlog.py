@@ -114,6 +114,13 @@ def main() -> None:
         print(f"achieved rate      {rate:.1f} msg/s = {rate / args.limit:.3f} L   (aim >= 0.9)")
         print(f"429s received      {refused}   (aim 0)")
         print(f"duplicates         {len(texts) - len(set(texts))}")
+        for refusal in (x for x in calls if x["status"] == 429):
+            at, chat = refusal["at"], refusal["params"].get("chat_id")
+            in_chat = [x["at"] for x in calls if x["delivered"] and x["params"].get("chat_id") == chat]
+            previous = max((t for t in in_chat if t < at), default=None)
+            bot_window = sum(1 for t in delivered if at - 1.0 < t <= at)
+            since = f"{at - previous:.3f} s after the chat's last" if previous else "the chat's first"
+            print(f"  a 429 at {at - started:.2f} s: {since}; {bot_window} delivered in the second before it")
     finally:
         for proc in reversed(procs):
             proc.stop()

@@ -224,8 +224,8 @@ def acquire(
     chat_item = parse(chat_limit_for(chat_id)) if chat_id is not None else None
     chat_key = f"chat:{bot_id}:{chat_id}"
     # Test the chat first, so that a busy chat does not use up a slot of the whole bot.
-    if chat_item is not None and not limiter.test(chat_item, chat_key):
-        return Wait(_wait(limiter, chat_item, chat_key))
+    if chat_item is not None and (wait := _chat_test(limiter, chat_item, chat_key)) > 0:
+        return Wait(wait)
     if slot_reserved:
         paused = bot_paused_for(bot_id)
         if paused > 0:
@@ -247,9 +247,51 @@ def acquire(
     bot_key = f"bot:{bot_id}"
     if not limiter.hit(bot_item, bot_key):
         return Wait(_wait(limiter, bot_item, bot_key))
-    if chat_item is not None and not limiter.hit(chat_item, chat_key):
-        return Wait(_wait(limiter, chat_item, chat_key))
+    if chat_item is not None and (wait := _chat_hit(limiter, chat_item, chat_key)) > 0:
+        return Wait(wait)
     return GO
+
+
+def chat_wait(*, bot_id: int, chat_id: int | None) -> float:
+    """Seconds until this chat may take a message (0: now), without taking it: the drain
+    leaves a busy chat's message waiting before it spends a slot of the whole bot on it."""
+    if not settings.DOVECOTE_RATE_LIMITS_ENABLED or chat_id is None:
+        return 0.0
+    return _chat_test(_limiter(), parse(chat_limit_for(chat_id)), f"chat:{bot_id}:{chat_id}")
+
+
+# A chat allowed one message per period (a private chat: 1/s) is gated by a Redis key that
+# lives for the period and this margin. Telegram counts a request when it arrives, a few
+# milliseconds after the limiter let it go, and two sends let go exactly a second apart
+# can arrive closer than that: a 429 that pauses the whole bot. Other limits (a group's
+# 20/min) keep the moving window.
+CHAT_GATE_MARGIN_SECONDS = 0.04
+
+
+def _chat_gate(item: object, key: str) -> tuple[str, int] | None:
+    """The gate's key and lifetime in ms, for a one-per-period limit with Redis; else None."""
+    if not settings.REDIS_URL or getattr(item, "amount", 0) != 1:
+        return None
+    lifetime = int((item.get_expiry() + CHAT_GATE_MARGIN_SECONDS) * 1000)  # type: ignore[attr-defined]
+    return f"{settings.DOVECOTE_REDIS_PREFIX}dovecote:chat-gate:{key}", lifetime
+
+
+def _chat_test(limiter: MovingWindowRateLimiter, item: object, key: str) -> float:
+    gate = _chat_gate(item, key)
+    if gate is not None:
+        left = redis_client().pttl(gate[0])
+        return left / 1000 if left > 0 else 0.0
+    return 0.0 if limiter.test(item, key) else _wait(limiter, item, key)  # type: ignore[arg-type]
+
+
+def _chat_hit(limiter: MovingWindowRateLimiter, item: object, key: str) -> float:
+    """Take the chat's message slot: 0, or how long until it is free."""
+    gate = _chat_gate(item, key)
+    if gate is not None:
+        if redis_client().set(gate[0], b"1", nx=True, px=gate[1]):
+            return 0.0
+        return max(0.01, redis_client().pttl(gate[0]) / 1000)
+    return 0.0 if limiter.hit(item, key) else _wait(limiter, item, key)  # type: ignore[arg-type]
 
 
 def _wait(limiter: MovingWindowRateLimiter, item: object, key: str) -> float:

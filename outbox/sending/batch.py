@@ -200,6 +200,17 @@ def _slots_from_limiter(
             return [(m, 0.0) for m in messages], None
         longest = _hold([(m, ratelimit.Wait(paused)) for m in messages], worker=worker, report=report)
         return [], None if longest is None else time.monotonic() + longest
+    # A chat that took its message less than its limit ago waits without spending a slot
+    # of the whole bot (as the single send tests the chat first).
+    busy = [
+        (m, ratelimit.Wait(w))
+        for m in messages
+        if (w := ratelimit.chat_wait(bot_id=bot.pk, chat_id=limited_chat_id(m))) > 0
+    ]
+    if busy:
+        _hold(busy, worker=worker, report=report)
+        waiting = {m.pk for m, _ in busy}
+        messages = [m for m in messages if m.pk not in waiting]
     if not messages:
         return [], None
     delays = ratelimit.reserve_slots(bot.pk, bot.rate_limit, len(messages), horizon=horizon)
