@@ -49,7 +49,15 @@ async def burst(url: str, updates: int, chats: int) -> dict[int, int]:
         async def connection() -> None:
             while queue:
                 n = queue.pop(0)
-                response = await client.post(url, content=json.dumps(update(n, chats)))
+                for attempt in range(3):
+                    try:
+                        response = await client.post(url, content=json.dumps(update(n, chats)))
+                        break
+                    except httpx.TransportError:
+                        # A keep-alive connection the server closed: Telegram retries too,
+                        # and the update_id makes a second delivery harmless.
+                        if attempt == 2:
+                            raise
                 statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
 
         await asyncio.gather(*(connection() for _ in range(16)))
