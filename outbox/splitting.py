@@ -75,7 +75,7 @@ class Split:
 
 def utf16_len(text: str) -> int:
     """Length in UTF-16 code units, as Telegram counts."""
-    return len(text) + sum(1 for ch in text if ord(ch) > 0xFFFF)
+    return len(text.encode("utf-16-le", "surrogatepass")) // 2
 
 
 # --- measuring -------------------------------------------------------------------------------
