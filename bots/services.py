@@ -23,6 +23,7 @@ from bots import registry, transitions
 from bots.models import Bot, ConsumerRun, InboundUpdate, UpdateState
 from outbox import circuits, metrics, wakeups
 from outbox import dispatch as outbox_dispatch
+from outbox.failpoints import failpoint
 from outbox.logs import current_trace_id
 from outbox.models import Circuit, CircuitState, DeadLetter
 from outbox.publishing import publish
@@ -424,6 +425,7 @@ def consumer_runs_execute_inline(runs: list[ConsumerRun]) -> dict[int, str]:
                 if outcome == "done":
                     done.setdefault(returned, []).append(run.pk)
                 outcomes[run.pk] = outcome
+        failpoint("after_inline_runs")  # the runs claimed and run, their replies committed
     finally:
         # The replies first (they are committed; the answer should not wait for bookkeeping),
         # then the runs marked done: a crash between them re-runs the runs, whose replies'

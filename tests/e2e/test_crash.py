@@ -316,3 +316,39 @@ def test_a_drain_killed_after_its_batch_was_answered_leaves_every_started_send_u
         # Started ones reached Telegram at most once (never resent); the others exactly once.
         expected = {0, 1} if message.pk in started else {1}
         assert texts.count(message.payload["text"]) in expected
+
+
+def test_a_router_killed_after_its_inline_runs_leaves_them_to_the_sweeper_and_the_reply_goes_once(
+    process_env: dict[str, str], processes: list[Process], sandbox, bot_factory
+) -> None:
+    from bots.models import ConsumerRun, RunState
+    from bots.services import inbox_router_wake, inbox_update_store
+    from tests.bots.fakes import message_update
+
+    bot = bot_factory(responder="echo")
+    env = {**process_env, "DOVECOTE_CONSUMER_LEASE_SECONDS": str(LEASE)}
+    doomed = crash_worker(env, processes, failpoint="after_inline_runs", name="router-a")
+    update, _ = inbox_update_store(bot=bot, payload=message_update(chat_id=4343, text="ping", message_id=1))
+    inbox_router_wake(bot.pk, update.pk)
+    wait_until(lambda: not doomed.alive(), message="the router killed itself after its inline runs")
+    runs = ConsumerRun.objects.filter(update=update)
+    assert {(r.consumer, r.state, r.attempts) for r in runs} == {
+        ("auto_reply", RunState.RUNNING, 1),
+        ("analytics", RunState.RUNNING, 1),
+    }
+    reply = OutboundMessage.objects.get(bot=bot)
+    assert (reply.state, reply.attempts) == (State.PENDING, 0)
+    assert sandbox.calls(token=bot.token, method="sendMessage") == []
+
+    crash_worker(env, processes, name="router-a2")
+    wait_until(lambda: all(r.lease_expires_at < timezone.now() for r in runs.all()), timeout=LEASE + 5)
+    with NO_GRACE:
+        report = sweep()
+    assert report["runs_released"] == 2
+    wait_until(lambda: runs.filter(state=RunState.DONE).count() == 2, timeout=30, message="the runs re-ran")
+    wait_until(lambda: OutboundMessage.objects.filter(bot=bot, state=State.SENT).exists(), timeout=30)
+
+    # The re-run found its reply by its key: one message, sent once.
+    assert OutboundMessage.objects.filter(bot=bot).count() == 1
+    assert sandbox.sent_texts(token=bot.token) == ["Echo: ping"]
+    assert {(r.consumer, r.attempts) for r in runs.all()} == {("auto_reply", 2), ("analytics", 2)}
