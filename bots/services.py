@@ -412,6 +412,7 @@ def consumer_runs_execute_inline(runs: list[ConsumerRun]) -> dict[int, str]:
     claimed = transitions.claim_runs([run.pk for run in ready], worker=worker, lease=lease)
     held: list[tuple[int, int]] = []
     done: dict[str, list[int]] = {}
+    bots = {run.bot_id: run.update.bot for run in ready[:1]}  # a router's batch has one bot
     try:
         with outbox_dispatch.holding() as held:
             for run in ready:
@@ -425,12 +426,17 @@ def consumer_runs_execute_inline(runs: list[ConsumerRun]) -> dict[int, str]:
                 if outcome == "done":
                     done.setdefault(returned, []).append(run.pk)
                 outcomes[run.pk] = outcome
+                if len(held) >= settings.DOVECOTE_DRAIN_BATCH_SIZE:
+                    # A full send batch goes now: a big batch's first replies do not wait
+                    # for its last runs.
+                    single.send_held(list(held), bots=bots)
+                    held.clear()
         failpoint("after_inline_runs")  # the runs claimed and run, their replies committed
     finally:
         # The replies first (they are committed; the answer should not wait for bookkeeping),
         # then the runs marked done: a crash between them re-runs the runs, whose replies'
         # keys are taken, so nothing is sent twice.
-        single.send_held(held, bots={run.bot_id: run.update.bot for run in ready[:1]})
+        single.send_held(held, bots=bots)
         for returned, pks in done.items():
             transitions.mark_runs_done(pks, worker=worker, outcome=returned)
     for run in ready:

@@ -169,3 +169,26 @@ def test_replies_to_one_chat_in_one_batch_keep_their_order(bot, sandbox) -> None
     second = OutboundMessage.objects.get(bot=bot, state=State.PENDING)
     assert second.payload["text"] == "Echo: second"
     assert "outbox.drain_bot" in queued_names()
+
+
+def test_a_big_batchs_first_replies_leave_before_its_last_runs(bot_factory, sandbox) -> None:
+    fast = bot_factory(rate_limit=1000)
+    seen_at_last_run: list[int] = []
+
+    @registry.consumer("late_witness", update_types=["message"], inline=True)
+    def late_witness(ctx: registry.ConsumerContext) -> str:
+        if ctx.text == "m12":
+            seen_at_last_run.append(len(sandbox.sent_texts(token=fast.token)))
+        return "seen"
+
+    try:
+        for n in range(1, 13):
+            store(fast, 900 + n, n, f"m{n}")
+        assert inbox_updates_route(fast.pk) == 12
+    finally:
+        registry.unregister("late_witness")
+
+    # A drain's batch of replies (8) went out while the batch's later runs were still to run.
+    assert len(seen_at_last_run) == 1
+    assert seen_at_last_run[0] >= 8
+    assert len(sandbox.sent_texts(token=fast.token)) == 12
