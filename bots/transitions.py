@@ -84,21 +84,13 @@ def _owned(run_id: int, worker: str):
 
 
 def mark_run_done(run_id: int, *, worker: str, outcome: str = "") -> bool:
-    now = timezone.now()
-    n = _owned(run_id, worker).update(
-        state=RunState.DONE,
-        finished_at=now,
-        updated_at=now,
-        lease_owner="",
-        lease_expires_at=None,
-        last_error="",
-        outcome=outcome[:64],
-    )
-    return n == 1
+    """running -> done, for a run this worker holds."""
+    return mark_runs_done([run_id], worker=worker, outcome=outcome) == 1
 
 
 def mark_runs_done(run_ids: list[int], *, worker: str, outcome: str = "") -> int:
-    """mark_run_done for several runs this worker holds, with one outcome, in one statement."""
+    """running -> done for the runs of `run_ids` this worker holds, with one outcome, in one
+    statement (the router's inline runs); returns how many."""
     now = timezone.now()
     return ConsumerRun.objects.filter(pk__in=run_ids, state=RunState.RUNNING, lease_owner=worker).update(
         state=RunState.DONE,
