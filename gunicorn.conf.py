@@ -34,7 +34,10 @@ def on_starting(server: object) -> None:
 
 
 def worker_exit(server: object, worker: object) -> None:
-    """A worker exits (in the worker): ship its last second of counts (outbox/metrics.py)."""
+    """A worker exits (in the worker): hand over the routers' wake-ups it still holds, and
+    ship its last second of counts (outbox/metrics.py)."""
+    from bots.services import inbox_router_wakes_flush
     from outbox.metrics import ship
 
+    inbox_router_wakes_flush()
     ship()

@@ -104,11 +104,14 @@ def forget_bot(sender: Any = None, instance: Bot | None = None, **kwargs: Any) -
     _bots.clear()
 
 
-def inbox_update_store(*, bot: Bot, payload: dict[str, Any], trace_id: str | None = None) -> tuple[InboundUpdate, bool]:
+def inbox_update_store(
+    *, bot: Bot, payload: dict[str, Any], trace_id: str | None = None, wake_soon: bool = False
+) -> tuple[InboundUpdate, bool]:
     """Insert the update once per (bot, update_id) and dispatch its routing after commit.
     Returns (update, created). A new update costs one statement (INSERT ... ON CONFLICT DO
     NOTHING RETURNING id): this is the webhook's hot path. Only a duplicate reads the row
-    that was stored first."""
+    that was stored first. `wake_soon`: the router's wake-up is left to this process's
+    wake-up thread (the webhook: its answer does not wait on Redis or the broker)."""
     trace_id = trace_id or new_trace_id()
     row = InboundUpdate(
         bot=bot,
@@ -120,7 +123,8 @@ def inbox_update_store(*, bot: Bot, payload: dict[str, Any], trace_id: str | Non
     )
     if not rows.insert_once(row, unique=("bot_id", "update_id")):
         return InboundUpdate.objects.get(bot=bot, update_id=row.update_id), False
-    transaction.on_commit(lambda: inbox_router_wake(bot.pk, row.pk))
+    wake = _router_wake_soon.add if wake_soon else inbox_router_wake
+    transaction.on_commit(lambda: wake(bot.pk, row.pk))
     return row, True
 
 
@@ -163,7 +167,7 @@ def inbox_update_route(update_pk: int) -> list[int]:
     after commit, or run here (inline-safe consumers). Routing is decided once and recorded.
     Returns the runs' ids."""
     with transaction.atomic():
-        taken = transitions.take_updates_to_route(InboundUpdate.objects.filter(pk=update_pk), limit=1)
+        taken = transitions.take_updates_to_route(update_pk=update_pk, limit=1)
         routing = _write_runs(taken)
     _run_inline_and_log(taken, routing)
     return [pk for pk, _, _ in routing.runs]
@@ -176,7 +180,7 @@ def inbox_updates_route(bot_id: int, *, limit: int = ROUTE_BATCH_SIZE, bot: Bot 
     if bot is None:
         bot = Bot.objects.filter(pk=bot_id).first()
     with transaction.atomic():
-        taken = transitions.take_updates_to_route(InboundUpdate.objects.filter(bot_id=bot_id), limit=limit)
+        taken = transitions.take_updates_to_route(bot_id=bot_id, limit=limit)
         for update in taken:
             if bot is not None:
                 update._state.fields_cache["bot"] = bot  # one bot: no query per update
@@ -283,6 +287,23 @@ def inbox_router_wake(bot_id: int, update_pk: int | None = None) -> bool:
     return woken
 
 
+def _router_wake_for(bot_id: int, update_pks: list[int]) -> None:
+    """The wake-up thread's round for one bot: one router for all these updates, or, without
+    the wake-up key, a routing task per update (as inbox_router_wake)."""
+    woken = wakeups.wake(_router_key(bot_id), lambda: _publish_router(bot_id)) if router_coalesced() else None
+    if woken is None:
+        for pk in update_pks:
+            dispatch_update(pk)
+
+
+_router_wake_soon = wakeups.Deferred(_router_wake_for)
+
+
+def inbox_router_wakes_flush(timeout: float = 2.0) -> bool:
+    """Hand over the wake-ups still waiting in this process (a web worker about to exit)."""
+    return _router_wake_soon.flush(timeout)
+
+
 def _publish_router(bot_id: int) -> bool:
     from bots.tasks import route_bot
 
@@ -384,9 +405,9 @@ def consumer_runs_execute_inline(runs: list[ConsumerRun]) -> dict[int, str]:
     """The router's inline runs of one batch, just routed and committed: the single run's
     rules at a batch's price. The runs are claimed in one statement, each consumer runs
     (a failure is settled for its run alone, as `consumer_run_execute` settles it), the
-    replies they wrote are sent together, and the successes are marked done in one statement
-    per outcome. A run whose consumer's circuit is not plainly closed takes
-    the single path. Returns each run's outcome.
+    replies they wrote are sent together, and the successes are marked done in one
+    statement. A run whose consumer's circuit is not plainly closed takes the single path.
+    Returns each run's outcome.
 
     A crash mid-batch leaves the claimed runs `running`: the sweeper retries them at their
     lease's end, and their effects are guarded by stable keys, so a second run writes nothing
@@ -411,7 +432,7 @@ def consumer_runs_execute_inline(runs: list[ConsumerRun]) -> dict[int, str]:
     lease = timedelta(seconds=settings.DOVECOTE_CONSUMER_LEASE_SECONDS)
     claimed = transitions.claim_runs([run.pk for run in ready], worker=worker, lease=lease)
     held: list[tuple[int, int]] = []
-    done: dict[str, list[int]] = {}
+    done: dict[int, str] = {}
     bots = {run.bot_id: run.update.bot for run in ready[:1]}  # a router's batch has one bot
     try:
         with outbox_dispatch.holding() as held:
@@ -424,7 +445,7 @@ def consumer_runs_execute_inline(runs: list[ConsumerRun]) -> dict[int, str]:
                 run.attempts = claimed[run.pk] - 1  # _attempt counts this one
                 outcome, returned = _attempt(run, spec, worker=worker)
                 if outcome == "done":
-                    done.setdefault(returned, []).append(run.pk)
+                    done[run.pk] = returned
                 outcomes[run.pk] = outcome
                 if len(held) >= settings.DOVECOTE_DRAIN_BATCH_SIZE:
                     # A full send batch goes now: a big batch's first replies do not wait
@@ -437,8 +458,7 @@ def consumer_runs_execute_inline(runs: list[ConsumerRun]) -> dict[int, str]:
         # then the runs marked done: a crash between them re-runs the runs, whose replies'
         # keys are taken, so nothing is sent twice.
         single.send_held(held, bots=bots)
-        for returned, pks in done.items():
-            transitions.mark_runs_done(pks, worker=worker, outcome=returned)
+        transitions.mark_runs_done(done, worker=worker)
     for run in ready:
         if run.pk in claimed:
             _counted(specs[run.pk].name, outcomes[run.pk])

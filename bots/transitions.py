@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connection
-from django.db.models import BigIntegerField, F, Q, QuerySet, Value
+from django.db.models import BigIntegerField, F, Q, Value
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
@@ -23,18 +23,26 @@ from bots.models import ChatState, ConsumerRun, InboundUpdate, RunState, UpdateS
 RUN_WAITING = [RunState.PENDING, RunState.RETRY]
 
 
-def take_updates_to_route(updates: QuerySet[InboundUpdate], *, limit: int) -> list[InboundUpdate]:
-    """new -> done for up to `limit` of `updates`, oldest first, skipping the rows another
-    router holds. Inside the routing transaction: the caller writes their runs in it, so an
-    update is routed exactly once, or (on a rollback or a crash) stays new."""
-    taken = list(updates.filter(state=UpdateState.NEW).select_for_update(skip_locked=True).order_by("pk")[:limit])
-    if taken:
-        InboundUpdate.objects.filter(pk__in=[u.pk for u in taken]).update(
-            state=UpdateState.DONE,
-            processed_at=timezone.now(),
-            attempts=F("attempts") + 1,
-        )
-    return taken
+def take_updates_to_route(
+    *, bot_id: int | None = None, update_pk: int | None = None, limit: int
+) -> list[InboundUpdate]:
+    """new -> done for up to `limit` of a bot's updates (or the one update `update_pk`),
+    oldest first, skipping the rows another router holds, in one statement (UPDATE …
+    RETURNING). Inside the routing transaction: the caller writes their runs in it, so an
+    update is routed exactly once, or (on a rollback or a crash) stays new. Returns the
+    updates as they are now (done), oldest first."""
+    if (bot_id is None) == (update_pk is None):
+        raise ValueError("take the updates of one bot, or one update")
+    table = InboundUpdate._meta.db_table
+    column = "bot_id" if bot_id is not None else "id"
+    taken = InboundUpdate.objects.raw(
+        f"""UPDATE {table} SET state = %s, processed_at = %s, attempts = attempts + 1
+            WHERE id IN (SELECT id FROM {table} WHERE {column} = %s AND state = %s
+                         ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED)
+            RETURNING *""",  # noqa: S608 - names from _meta, values as parameters
+        [UpdateState.DONE, timezone.now(), bot_id if bot_id is not None else update_pk, UpdateState.NEW, limit],
+    )
+    return sorted(taken, key=lambda u: u.pk)
 
 
 def make_update_due(update_id: int, *, now: datetime) -> bool:
@@ -85,22 +93,27 @@ def _owned(run_id: int, worker: str):
 
 def mark_run_done(run_id: int, *, worker: str, outcome: str = "") -> bool:
     """running -> done, for a run this worker holds."""
-    return mark_runs_done([run_id], worker=worker, outcome=outcome) == 1
+    return mark_runs_done({run_id: outcome}, worker=worker) == 1
 
 
-def mark_runs_done(run_ids: list[int], *, worker: str, outcome: str = "") -> int:
-    """running -> done for the runs of `run_ids` this worker holds, with one outcome, in one
-    statement (the router's inline runs); returns how many."""
+def mark_runs_done(outcomes: dict[int, str], *, worker: str) -> int:
+    """running -> done for the runs this worker holds, each with its outcome ({run id:
+    outcome}), in one statement (the router's inline runs); returns how many."""
+    if not outcomes:
+        return 0
     now = timezone.now()
-    return ConsumerRun.objects.filter(pk__in=run_ids, state=RunState.RUNNING, lease_owner=worker).update(
-        state=RunState.DONE,
-        finished_at=now,
-        updated_at=now,
-        lease_owner="",
-        lease_expires_at=None,
-        last_error="",
-        outcome=outcome[:64],
-    )
+    table = ConsumerRun._meta.db_table
+    values = ", ".join(["(%s::bigint, %s::text)"] * len(outcomes))
+    pairs = [x for pk, outcome in outcomes.items() for x in (pk, outcome[:64])]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""UPDATE {table} AS r SET state = %s, finished_at = %s, updated_at = %s, lease_owner = '',
+                       lease_expires_at = NULL, last_error = '', outcome = v.outcome
+                FROM (VALUES {values}) AS v (id, outcome)
+                WHERE r.id = v.id AND r.state = %s AND r.lease_owner = %s""",  # noqa: S608 - as above
+            [RunState.DONE, now, now, *pairs, RunState.RUNNING, worker],
+        )
+        return cursor.rowcount
 
 
 def defer_run(run_id: int, *, worker: str, until: datetime, reason: str = "") -> bool:

@@ -127,14 +127,14 @@ def _store(bot: Bot, payload: dict[str, Any], trace_id: str) -> tuple[InboundUpd
     replaced and the INSERT sent once more: it is idempotent (ON CONFLICT DO NOTHING)."""
     if connection.in_atomic_block:
         with transaction.atomic():
-            return inbox_update_store(bot=bot, payload=payload, trace_id=trace_id)
+            return inbox_update_store(bot=bot, payload=payload, trace_id=trace_id, wake_soon=True)
     reused = connection.connection is not None
     connection.health_check_done = True
     try:
-        return inbox_update_store(bot=bot, payload=payload, trace_id=trace_id)
+        return inbox_update_store(bot=bot, payload=payload, trace_id=trace_id, wake_soon=True)
     except (OperationalError, InterfaceError):
         if not reused:
             raise
         logger.warning("the database connection was lost; storing the update on a new one")
         connection.close()
-        return inbox_update_store(bot=bot, payload=payload, trace_id=trace_id)
+        return inbox_update_store(bot=bot, payload=payload, trace_id=trace_id, wake_soon=True)

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import threading
+import time
 from collections.abc import Callable
 
 import redis
@@ -80,3 +83,59 @@ def release(name: str) -> None:
 def _quietly(command: str, *args: object) -> None:
     with contextlib.suppress(redis.RedisError):  # the key expires by itself
         getattr(ratelimit.redis_client(), command)(*args)
+
+
+class Deferred:
+    """Wake-ups handed to a thread of this process, so a request does not wait on Redis or
+    the broker, and a burst costs one round trip per round instead of one per item.
+
+    `add(key, item)` records the item and returns at once; the thread calls
+    `wake_up(key, items)` with every item added for the key since its previous round. A round
+    starts after every item it covers was committed (add is called after the commit), so the
+    protocol above still holds: the SET NX comes after the commit, a task that let go of its
+    key before it looks once more. Between rounds the thread pauses `interval` seconds: under
+    load many requests share a round; an idle process wakes the task at once. A process that
+    dies with items still here is like Redis failing: the work is due in its rows and the
+    sweeper dispatches it."""
+
+    def __init__(self, wake_up: Callable[[int, list[int]], None], *, interval: float = 0.002) -> None:
+        self._wake_up = wake_up
+        self._interval = interval
+        self._lock = threading.Lock()
+        self._items: dict[int, list[int]] = {}
+        self._ready = threading.Event()
+        self._idle = threading.Event()
+        self._idle.set()
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+
+    def add(self, key: int, item: int) -> None:
+        with self._lock:
+            self._items.setdefault(key, []).append(item)
+            self._idle.clear()
+            # Started lazily, and again in a forked child (gunicorn forks its workers).
+            if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
+                self._pid = os.getpid()
+                self._thread = threading.Thread(target=self._run, name="dovecote-wake-ups", daemon=True)
+                self._thread.start()
+        self._ready.set()
+
+    def flush(self, timeout: float = 2.0) -> bool:
+        """Wait until every item added so far is handed over (a worker about to exit)."""
+        return self._idle.wait(timeout)
+
+    def _run(self) -> None:
+        while True:
+            self._ready.wait()
+            self._ready.clear()
+            with self._lock:
+                items, self._items = self._items, {}
+            for key, keyed in items.items():
+                try:
+                    self._wake_up(key, keyed)
+                except Exception:  # the thread must outlive any one failure; the sweeper has the rows
+                    logger.exception("wake-up for %s failed", key)
+            with self._lock:
+                if not self._items:
+                    self._idle.set()
+            time.sleep(self._interval)

@@ -5,6 +5,8 @@ a task per update, and the sweeper still dispatches what is left."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import redis
 from django.conf import settings
@@ -26,6 +28,16 @@ def store(bot, n: int, *, chat_id: int = 500) -> None:
     for i in range(n):
         with transaction.atomic():
             services.inbox_update_store(bot=bot, payload=message_update(chat_id=chat_id + i, text="hi", message_id=1))
+
+
+def store_at_the_webhook(bot, n: int, *, chat_id: int = 700) -> None:
+    """As the webhook view stores: the wake-up left to the process's wake-up thread, which
+    has handed every one over when this returns."""
+    for i in range(n):
+        services.inbox_update_store(
+            bot=bot, payload=message_update(chat_id=chat_id + i, text="hi", message_id=1), wake_soon=True
+        )
+    assert services.inbox_router_wakes_flush(timeout=10)
 
 
 def queued_tasks() -> list[str]:
@@ -105,3 +117,46 @@ def test_two_routers_of_one_bot_route_each_update_once(bot, monkeypatch) -> None
     assert InboundUpdate.objects.filter(attempts=1).count() == 40  # each routed once
     runs = list(ConsumerRun.objects.values_list("update_id", "consumer"))
     assert len(runs) == len(set(runs))
+
+
+def test_the_webhooks_wake_ups_leave_from_a_thread_and_a_burst_still_wakes_one_router(bot) -> None:
+    store_at_the_webhook(bot, 30)
+    assert queued_tasks() == ["bots.route_bot"]
+    forget_queued_tasks()
+
+    assert services.inbox_router_run(bot.pk) == 30
+    forget_queued_tasks()  # the runs' tasks
+    store_at_the_webhook(bot, 1, chat_id=950)  # the router let go: the next update wakes one
+    assert queued_tasks() == ["bots.route_bot"]
+
+
+def test_with_the_key_store_down_the_webhooks_thread_gives_each_update_its_own_task(bot) -> None:
+    with limiter_redis_at("redis://127.0.0.1:9/0"):
+        store_at_the_webhook(bot, 3)
+    assert queued_tasks() == ["bots.route_update"] * 3
+
+
+def test_the_wake_up_thread_hands_over_every_item_once_in_few_rounds_and_outlives_a_failure() -> None:
+    rounds: list[tuple[int, list[int]]] = []
+    failed = []
+
+    def wake_up(key: int, items: list[int]) -> None:
+        if not failed:
+            failed.append(items)
+            raise RuntimeError("Redis went away")
+        rounds.append((key, items))
+        time.sleep(0.01)  # a round trip: what arrives meanwhile waits for the next round
+
+    deferred = wakeups.Deferred(wake_up)
+    deferred.add(1, 0)
+    assert deferred.flush(timeout=5)
+    assert failed == [[0]]  # the first round failed (logged); its item is the sweeper's
+
+    for i in range(1, 301):
+        deferred.add(1 + i % 2, i)
+    assert deferred.flush(timeout=10)
+
+    handed = sorted(item for _, items in rounds for item in items)
+    assert handed == list(range(1, 301))
+    assert all(item % 2 == key - 1 for key, items in rounds for item in items)
+    assert len(rounds) < 100  # 300 items, a few rounds: not a round trip each
