@@ -449,9 +449,12 @@ def consumer_runs_execute_inline(runs: list[ConsumerRun]) -> dict[int, str]:
                 outcomes[run.pk] = outcome
                 if len(held) >= settings.DOVECOTE_DRAIN_BATCH_SIZE:
                     # A full send batch goes now: a big batch's first replies do not wait
-                    # for its last runs.
-                    single.send_held(list(held), bots=bots)
+                    # for its last runs. Taken out of `held` first: what this send hands on
+                    # (a reply that must wait for its chat's earlier one) is held again here,
+                    # and goes with the next batch.
+                    batch = held[:]
                     held.clear()
+                    single.send_held(batch, bots=bots)
         failpoint("after_inline_runs")  # the runs claimed and run, their replies committed
     finally:
         # The replies first (they are committed; the answer should not wait for bookkeeping),

@@ -192,3 +192,28 @@ def test_a_big_batchs_first_replies_leave_before_its_last_runs(bot_factory, sand
     assert len(seen_at_last_run) == 1
     assert seen_at_last_run[0] >= 8
     assert len(sandbox.sent_texts(token=fast.token)) == 12
+
+
+def test_a_reply_that_waits_for_its_chat_in_a_big_batch_is_handed_on_not_dropped(bot_factory, sandbox) -> None:
+    # Found by bench/sidebyside.py: a few replies of a burst stayed pending until the
+    # sweeper. A full send batch leaves while the router's batch still runs; a reply in it
+    # that must wait for its chat's earlier reply was handed on into that batch's list,
+    # which was then cleared.
+    fast = bot_factory(rate_limit=1000)
+    store(fast, 1801, 1, "first")
+    store(fast, 1801, 2, "second")
+    for n in range(3, 13):
+        store(fast, 1800 + n, n, f"m{n}")
+
+    assert inbox_updates_route(fast.pk) == 12
+
+    texts = sandbox.sent_texts(token=fast.token)
+    waiting = OutboundMessage.objects.filter(bot=fast).exclude(state=State.SENT)
+    # Every reply went, or waits with the bot's drain woken for it.
+    assert len(texts) + waiting.count() == 12
+    assert "Echo: first" in texts
+    if waiting.exists():
+        assert [m.payload["text"] for m in waiting] == ["Echo: second"]
+        assert "outbox.drain_bot" in queued_names()
+    else:
+        assert texts.index("Echo: first") < texts.index("Echo: second")
