@@ -317,3 +317,57 @@ def test_a_private_chats_next_message_waits_its_second_and_a_margin(bot) -> None
     assert ratelimit.chat_wait(bot_id=bot.pk, chat_id=31) > 1.0
     assert ratelimit.acquire(bot_id=bot.pk, bot_rate=30, chat_id=31).seconds > 1.0
     assert ratelimit.chat_wait(bot_id=bot.pk, chat_id=32) == 0  # another chat is free
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_reply_committed_while_its_heads_sent_mark_runs_is_handed_on_not_left_for_the_sweeper(bot) -> None:
+    # Found by bench/sidebyside.py: under a burst a few replies stayed pending until the
+    # sweeper. The head's "sent" statement did not see the reply (committed during it), and
+    # the reply's own send, just before that statement committed, still saw the head in
+    # flight: each left the reply to the other.
+    import threading
+
+    from django.db import connection, transaction
+
+    from outbox import transitions
+
+    head = enqueue(bot, chat_id=77, text="the answer")
+    [claimed] = transitions.claim_batch(bot_id=bot.pk, worker="w1", lease=timedelta(minutes=1), limit=1)
+    attempt = transitions.begin_attempts([claimed], worker="w1")[head.pk]
+    locked, go_on = threading.Event(), threading.Event()
+
+    def hold_the_heads_row() -> None:
+        # The "sent" statement then takes its snapshot and waits on the row.
+        try:
+            with transaction.atomic():
+                OutboundMessage.objects.select_for_update().get(pk=head.pk)
+                locked.set()
+                go_on.wait(10)
+        finally:
+            connection.close()
+
+    done: dict = {}
+
+    def mark_the_head_sent() -> None:
+        try:
+            ok = botapi.CallOutcome(ok=True, result={"message_id": 9}, http_status=200)
+            done.update(transitions.mark_sent([(claimed, attempt, ok)], worker="w1", next_in_chat=True))
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold_the_heads_row)
+    holder.start()
+    assert locked.wait(10)
+    marker = threading.Thread(target=mark_the_head_sent)
+    marker.start()
+    time.sleep(0.5)  # the statement has begun and waits for the row
+    reply = enqueue(bot, chat_id=77, text="the follow-up")
+    # The reply's own send now: its head is still in flight, so it is not claimed.
+    lease = timedelta(minutes=1)
+    assert transitions.claim_batch(bot_id=bot.pk, worker="w2", lease=lease, limit=5, ids=[reply.pk]) == []
+    go_on.set()
+    holder.join(10)
+    marker.join(10)
+
+    assert OutboundMessage.objects.get(pk=head.pk).state == State.SENT
+    assert done == {head.pk: reply.pk}  # handed on to the bot's drain by the caller
