@@ -10,7 +10,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, DataError, InterfaceError, OperationalError, connection, transaction
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from bots.models import Bot, InboundUpdate
@@ -22,12 +22,16 @@ from outbox.logs import current_trace_id
 logger = logging.getLogger(__name__)
 
 
+# The answer to every stored or duplicate update, encoded once.
+_OK = json.dumps({"ok": True}).encode()
+
+
 def _error(status: int, description: str) -> JsonResponse:
     return JsonResponse({"ok": False, "error": description}, status=status)
 
 
 @csrf_exempt
-def telegram_webhook(request: HttpRequest, name: str) -> JsonResponse:
+def telegram_webhook(request: HttpRequest, name: str) -> HttpResponse:
     # The trace id lives for this request only: a server thread's next request must not
     # log under it.
     token = current_trace_id.set("")
@@ -46,7 +50,7 @@ def telegram_webhook(request: HttpRequest, name: str) -> JsonResponse:
     return response
 
 
-def _receive(request: HttpRequest, name: str) -> JsonResponse:
+def _receive(request: HttpRequest, name: str) -> HttpResponse:
     if request.method != "POST":
         response = _error(405, "method not allowed; Telegram POSTs updates")
         response["Allow"] = "POST"
@@ -114,7 +118,7 @@ def _receive(request: HttpRequest, name: str) -> JsonResponse:
         "stored" if created else "duplicate dropped",
         extra={"bot": bot.name, "update_type": update.update_type},
     )
-    return JsonResponse({"ok": True})
+    return HttpResponse(_OK, content_type="application/json")
 
 
 def _store(bot: Bot, payload: dict[str, Any], trace_id: str) -> tuple[InboundUpdate, bool]:

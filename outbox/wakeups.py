@@ -94,11 +94,13 @@ class Deferred:
     starts after every item it covers was committed (add is called after the commit), so the
     protocol above still holds: the SET NX comes after the commit, a task that let go of its
     key before it looks once more. Between rounds the thread pauses `interval` seconds: under
-    load many requests share a round; an idle process wakes the task at once. A process that
+    load many requests share a round (a task woken by the last round is starting or running
+    then, and takes what arrives meanwhile with its next batch); an idle process wakes the
+    task at once. A process that
     dies with items still here is like Redis failing: the work is due in its rows and the
     sweeper dispatches it."""
 
-    def __init__(self, wake_up: Callable[[int, list[int]], None], *, interval: float = 0.002) -> None:
+    def __init__(self, wake_up: Callable[[int, list[int]], None], *, interval: float = 0.01) -> None:
         self._wake_up = wake_up
         self._interval = interval
         self._lock = threading.Lock()
