@@ -322,7 +322,7 @@ def test_the_broker_down_still_answers_200_with_the_row_committed(
 
 
 @pytest.mark.e2e
-def test_rabbitmq_down_still_answers_200_within_the_connection_timeout_with_the_row_committed(
+def test_rabbitmq_down_still_answers_200_without_waiting_for_it_with_the_row_committed(
     process_env: dict, processes: list, bot_factory
 ) -> None:
     from tests.support import start_web
@@ -335,7 +335,9 @@ def test_rabbitmq_down_still_answers_200_within_the_connection_timeout_with_the_
     response = httpx.post(f"{url}{bot.webhook_path}", json=message_update(12), timeout=20)
 
     assert response.status_code == 200
-    assert response.elapsed.total_seconds() < 5  # CELERY_BROKER_CONNECTION_TIMEOUT is 2 s
+    # The router's wake-up waits for the broker (CELERY_BROKER_CONNECTION_TIMEOUT, 2 s) in a
+    # thread of the web process, not in the request.
+    assert response.elapsed.total_seconds() < 1.5
     assert InboundUpdate.objects.get(bot=bot, update_id=12).state == UpdateState.NEW
     ready = httpx.get(f"{url}/readyz", timeout=10)
     assert ready.status_code == 503
