@@ -123,6 +123,9 @@ class InboundUpdate(models.Model):
         ]
         indexes = [
             models.Index(fields=["next_attempt_at"], name="inbox_due_idx", condition=Q(state="new")),
+            # The router's claim: a bot's new updates, oldest first, read a batch at a time
+            # (without it each batch sorted the bot's whole backlog).
+            models.Index(fields=["bot", "id"], name="inbox_new_idx", condition=Q(state="new")),
             models.Index(fields=["bot", "chat_id", "-received_at"], name="inbox_chat_idx"),
             # The admin's search by chat id, any bot.
             models.Index(fields=["chat_id", "id"], name="inbox_chat_search_idx"),
