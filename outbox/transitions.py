@@ -201,20 +201,22 @@ def mark_sent(
                     ), a AS (
                       UPDATE {_ATTEMPTS} SET finished_at = %s, outcome = 'ok', http_status = 200, error_code = NULL,
                         description = '', retry_after = NULL
-                      FROM v WHERE {_ATTEMPTS}.id = v.attempt_id
+                      FROM v WHERE {_ATTEMPTS}.id = v.attempt_id AND {_ATTEMPTS}.id = ANY(%s::bigint[])
                     ), m AS (
                       UPDATE {_MESSAGES} SET state = 'sent', sent_at = %s, updated_at = %s,
                         telegram_message_id = v.telegram_message_id, result = v.result::jsonb, lease_owner = '',
                         lease_expires_at = NULL, last_error = '', last_error_class = ''
-                      FROM v WHERE {_MESSAGES}.id = v.message_id AND {_MESSAGES}.state = 'sending'
-                        AND {_MESSAGES}.lease_owner = %s
+                      FROM v WHERE {_MESSAGES}.id = v.message_id AND {_MESSAGES}.id = ANY(%s::bigint[])
+                        AND {_MESSAGES}.state = 'sending' AND {_MESSAGES}.lease_owner = %s
                       RETURNING {_MESSAGES}.id, {_MESSAGES}.bot_id, {_MESSAGES}.chat_id,
                         {_MESSAGES}.source_update_id
                     )
                     SELECT m.id, m.bot_id, m.chat_id,
                       (SELECT u.received_at FROM {_UPDATES} u WHERE u.id = m.source_update_id)
                     FROM m""",  # noqa: S608 - see _MESSAGES
-                [message_ids, attempt_ids, telegram_ids, results, now, now, now, worker],
+                # The ids again as `= ANY`: the planner then reads the rows by primary key
+                # (joined to the unnest alone it scanned the lease index's dead entries).
+                [message_ids, attempt_ids, telegram_ids, results, now, attempt_ids, now, now, message_ids, worker],
             )
             rows = cursor.fetchall()
         done: dict[int, int | None] = dict.fromkeys((message_id for message_id, *_ in rows), None)
