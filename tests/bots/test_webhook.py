@@ -147,6 +147,33 @@ def test_the_webhook_goes_ahead_of_the_admins_middleware_but_keeps_the_sites_rul
     assert not InboundUpdate.objects.filter(bot=bot, update_id=2).exists()
 
 
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/webhooks/telegram/shop/",
+        "/webhooks/telegram/shop-bot_2/",
+        "/webhooks/telegram/shop",
+        "/webhooks/telegram//",
+        "/webhooks/telegram/shop/extra/",
+        "/webhooks/telegram/",
+        "/admin/webhooks/telegram/shop/",
+    ],
+)
+def test_the_middlewares_webhook_route_is_the_url_confs(path: str) -> None:
+    from django.urls import Resolver404, resolve
+
+    from bots.middleware import WEBHOOK_PATH
+    from bots.views import telegram_webhook
+
+    try:
+        match = resolve(path)
+        routed = match.kwargs["name"] if match.func is telegram_webhook else None
+    except Resolver404:
+        routed = None
+    fast = WEBHOOK_PATH.fullmatch(path)
+    assert (fast["name"] if fast else None) == routed
+
+
 def test_a_bot_deactivated_or_given_a_new_secret_is_refused_at_once_here_and_soon_elsewhere(
     client: Client, bot, monkeypatch
 ) -> None:
