@@ -281,19 +281,17 @@ def inbox_router_wake(bot_id: int, update_pk: int | None = None) -> bool:
     burst of updates at the webhook publishes one task. Never raises. Without the wake-up
     key (the demo, or Redis failing) the update gets a routing task of its own; when the
     broker is down too, it stays new in its row and the sweeper dispatches it."""
+    return _router_wake_for(bot_id, [update_pk] if update_pk is not None else [])
+
+
+def _router_wake_for(bot_id: int, update_pks: list[int]) -> bool:
+    """inbox_router_wake for several updates of one bot (the webhook's wake-up thread runs
+    one per round): one router for all of them, or a routing task for each."""
     woken = wakeups.wake(_router_key(bot_id), lambda: _publish_router(bot_id)) if router_coalesced() else None
     if woken is None:
-        return dispatch_update(update_pk) if update_pk is not None else False
+        dispatched = [dispatch_update(pk) for pk in update_pks]  # every one, past a failure too
+        return bool(dispatched) and all(dispatched)
     return woken
-
-
-def _router_wake_for(bot_id: int, update_pks: list[int]) -> None:
-    """The wake-up thread's round for one bot: one router for all these updates, or, without
-    the wake-up key, a routing task per update (as inbox_router_wake)."""
-    woken = wakeups.wake(_router_key(bot_id), lambda: _publish_router(bot_id)) if router_coalesced() else None
-    if woken is None:
-        for pk in update_pks:
-            dispatch_update(pk)
 
 
 _router_wake_soon = wakeups.Deferred(_router_wake_for)

@@ -33,21 +33,17 @@ def take_updates_to_route(
     updates as they are now (done), oldest first."""
     if (bot_id is None) == (update_pk is None):
         raise ValueError("take the updates of one bot, or one update")
-    sql, params = route_claim_sql(bot_id=bot_id, update_pk=update_pk, limit=limit)
-    taken = InboundUpdate.objects.raw(sql, params)
-    return sorted(taken, key=lambda u: u.pk)
-
-
-def route_claim_sql(*, bot_id: int | None, update_pk: int | None, limit: int) -> tuple[str, list[Any]]:
-    """take_updates_to_route's statement. A bot's new updates are read through inbox_new_idx,
-    oldest first, a batch at a time: the statement costs the same with a backlog of millions."""
     table = InboundUpdate._meta.db_table
     column = "bot_id" if bot_id is not None else "id"
-    sql = f"""UPDATE {table} SET state = %s, processed_at = %s, attempts = attempts + 1
-              WHERE id IN (SELECT id FROM {table} WHERE {column} = %s AND state = %s
-                           ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED)
-              RETURNING *"""  # noqa: S608 - names from _meta, values as parameters
-    return sql, [UpdateState.DONE, timezone.now(), bot_id if bot_id is not None else update_pk, UpdateState.NEW, limit]
+    # A bot's new updates come in order from inbox_new_idx: a batch, not the whole backlog.
+    taken = InboundUpdate.objects.raw(
+        f"""UPDATE {table} SET state = %s, processed_at = %s, attempts = attempts + 1
+            WHERE id IN (SELECT id FROM {table} WHERE {column} = %s AND state = %s
+                         ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED)
+            RETURNING *""",  # noqa: S608 - names from _meta, values as parameters
+        [UpdateState.DONE, timezone.now(), bot_id if bot_id is not None else update_pk, UpdateState.NEW, limit],
+    )
+    return sorted(taken, key=lambda u: u.pk)
 
 
 def make_update_due(update_id: int, *, now: datetime) -> bool:

@@ -6,6 +6,7 @@ import hmac
 import json
 import logging
 import time
+from functools import partial
 from typing import Any
 
 from django.conf import settings
@@ -129,16 +130,17 @@ def _store(bot: Bot, payload: dict[str, Any], trace_id: str) -> tuple[InboundUpd
     Django's connection health check would cost a `SELECT 1` round trip per request; the
     INSERT tells the same. A reused connection that turns out dead (PostgreSQL restarted) is
     replaced and the INSERT sent once more: it is idempotent (ON CONFLICT DO NOTHING)."""
+    store = partial(inbox_update_store, bot=bot, payload=payload, trace_id=trace_id, wake_soon=True)
     if connection.in_atomic_block:
         with transaction.atomic():
-            return inbox_update_store(bot=bot, payload=payload, trace_id=trace_id, wake_soon=True)
+            return store()
     reused = connection.connection is not None
     connection.health_check_done = True
     try:
-        return inbox_update_store(bot=bot, payload=payload, trace_id=trace_id, wake_soon=True)
+        return store()
     except (OperationalError, InterfaceError):
         if not reused:
             raise
         logger.warning("the database connection was lost; storing the update on a new one")
         connection.close()
-        return inbox_update_store(bot=bot, payload=payload, trace_id=trace_id, wake_soon=True)
+        return store()

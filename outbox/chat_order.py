@@ -25,15 +25,13 @@ from outbox.models import OutboundMessage
 _TABLE = OutboundMessage._meta.db_table
 
 
-def blocked_sql(alias: str, *, besides: str = "") -> str:
+def blocked_sql(alias: str) -> str:
     """SQL that is true when the row `alias` must wait for an earlier message of its chat.
-    Takes one parameter, now. `besides`: an SQL expression (a column) naming a message that
-    counts as gone (the one the same statement marks sent, which its snapshot still sees open)."""
-    besides = f" AND e.id <> {besides}" if besides else ""
+    Takes one parameter, now."""
     return f"""({alias}.ordered AND EXISTS (
         SELECT 1 FROM {_TABLE} e WHERE e.bot_id = {alias}.bot_id AND e.chat_id = {alias}.chat_id
           AND e.id < {alias}.id AND e.ordered AND e.state IN ('pending', 'retry', 'sending')
-          AND (e.state IN ('retry', 'sending') OR e.send_at IS NULL OR e.send_at <= %s){besides}))"""  # noqa: S608
+          AND (e.state IN ('retry', 'sending') OR e.send_at IS NULL OR e.send_at <= %s)))"""  # noqa: S608
 
 
 def blocked_expression(now: datetime) -> RawSQL:

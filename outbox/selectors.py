@@ -40,6 +40,28 @@ def next_open_message_in_chat(*, bot_id: int, chat_id: int) -> int | None:
     return chat_order.heads(waiting, now=now).order_by("id").values_list("id", flat=True).first()
 
 
+def next_open_messages_in_chats(sent: list[tuple[int, int, int]]) -> dict[int, int | None]:
+    """next_open_message_in_chat for a batch just marked sent, in one statement (PostgreSQL):
+    {message id: its chat's head, or None} for (message id, bot id, chat id) triples.
+
+    Run after the sent mark commits, not inside it: a reply committed while the marking
+    statement ran is invisible to its snapshot, and the reply's own send (or the drain it
+    wakes) may still see its head in flight; the one that looked last would find nothing and
+    the reply would wait for the sweeper. After the commit, either this look sees the reply
+    or the reply's look sees its head sent."""
+    now = timezone.now()
+    table = OutboundMessage._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""SELECT v.id, (SELECT h.id FROM {table} h WHERE h.bot_id = v.bot_id AND h.chat_id = v.chat_id
+                       AND h.state IN ('pending', 'retry') AND h.next_attempt_at <= %s
+                       AND NOT {chat_order.blocked_sql("h")} ORDER BY h.id LIMIT 1)
+                FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[]) AS v(id, bot_id, chat_id)""",  # noqa: S608
+            [now, now, [m for m, _, _ in sent], [b for _, b, _ in sent], [c for _, _, c in sent]],
+        )
+        return dict(cursor.fetchall())
+
+
 def outbound_message_for_send(message_id: int, *, now: datetime) -> OutboundMessage | None:
     """The message, its bot, and what the send decides on, in one query: this is the hot
     path (see bench/drain_rate.py). Annotated with `circuit_not_closed` (the bot's circuit

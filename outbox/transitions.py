@@ -178,7 +178,8 @@ def mark_sent(
     """sending -> sent, with Telegram's message ids, for the messages this worker still holds
     (one whose lease was lost meanwhile is left to whoever holds it now), in one statement on
     PostgreSQL. Returns {id of each message that became sent: None, or with `next_in_chat`
-    its chat's next due message (looked up after the mark, see _next_in_chats), for the
+    its chat's next due message (looked up after the mark commits: selectors.
+    next_open_messages_in_chats), for the
     caller to dispatch}.
     The single send passes a list of one; the drain a batch."""
     if not sent:
@@ -221,32 +222,13 @@ def mark_sent(
             rows = cursor.fetchall()
         done: dict[int, int | None] = dict.fromkeys((message_id for message_id, *_ in rows), None)
         if next_in_chat and rows:
-            done.update(_next_in_chats([(message_id, bot_id, chat_id) for message_id, bot_id, chat_id, _ in rows]))
+            done.update(selectors.next_open_messages_in_chats([(m, b, c) for m, b, c, _ in rows]))
         # Update received -> reply sent, read in the same statement.
         metrics.observe_reply_seconds((now - received).total_seconds() for *_, received in rows if received)
     for message, _, _ in sent:
         if message.pk in done:
             message.state = State.SENT
     return done
-
-
-def _next_in_chats(sent: list[tuple[int, int, int]]) -> dict[int, int | None]:
-    """{message just sent: its chat's next message that may go now, or None}, read in a
-    statement of its own after the sent mark committed. Not in the marking statement: a reply
-    committed while that statement ran is invisible to its snapshot, and the reply's own
-    send (or the drain it wakes) may still see the head in flight; the one that looks last
-    would find nothing and the reply would wait for the sweeper. Looking after the commit,
-    either this look sees the reply or the reply's look sees its head sent."""
-    now = timezone.now()
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"""SELECT v.id, (SELECT h.id FROM {_MESSAGES} h WHERE h.bot_id = v.bot_id AND h.chat_id = v.chat_id
-                       AND h.state IN ('pending', 'retry') AND h.next_attempt_at <= %s
-                       AND NOT {chat_order.blocked_sql("h")} ORDER BY h.id LIMIT 1)
-                FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[]) AS v(id, bot_id, chat_id)""",  # noqa: S608
-            [now, now, [m for m, _, _ in sent], [b for _, b, _ in sent], [c for _, _, c in sent]],
-        )
-        return dict(cursor.fetchall())
 
 
 def _mark_sent_portable(
