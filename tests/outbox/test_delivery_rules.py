@@ -360,7 +360,7 @@ def test_a_reply_committed_while_its_heads_sent_mark_runs_is_handed_on_not_left_
     assert locked.wait(10)
     marker = threading.Thread(target=mark_the_head_sent)
     marker.start()
-    time.sleep(0.5)  # the statement has begun and waits for the row
+    wait_until_a_statement_waits_for_a_row_lock()  # the "sent" statement, snapshot taken
     reply = enqueue(bot, chat_id=77, text="the follow-up")
     # The reply's own send now: its head is still in flight, so it is not claimed.
     lease = timedelta(minutes=1)
@@ -371,3 +371,19 @@ def test_a_reply_committed_while_its_heads_sent_mark_runs_is_handed_on_not_left_
 
     assert OutboundMessage.objects.get(pk=head.pk).state == State.SENT
     assert done == {head.pk: reply.pk}  # handed on to the bot's drain by the caller
+
+
+def wait_until_a_statement_waits_for_a_row_lock(timeout: float = 10.0) -> None:
+    from django.db import connection
+
+    deadline = time.monotonic() + timeout
+    with connection.cursor() as cursor:
+        while time.monotonic() < deadline:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+            )
+            if cursor.fetchone()[0]:
+                return
+            time.sleep(0.02)
+    raise AssertionError("no statement came to wait for the locked row")
