@@ -105,6 +105,10 @@ def test_a_burst_of_three_messages_gets_one_reply_and_a_later_message_its_own(
     assert sandbox.sent_texts(token=bot.token, chat_id=77)[1] == "Echo: Hello??"
     outcomes = sorted(ConsumerRun.objects.filter(bot=bot, consumer="auto_reply").values_list("outcome", flat=True))
     assert outcomes == ["answered 1", "answered 3", "coalesced", "coalesced"]
+    # The sandbox records a request before the worker has its answer and marks the row sent.
+    wait_until(
+        lambda: OutboundMessage.objects.filter(bot=bot, state=State.SENT).count() >= 2, timeout=10, message="marked"
+    )
     assert OutboundMessage.objects.filter(bot=bot, state=State.SENT).count() == 2
 
 
