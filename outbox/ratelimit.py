@@ -1,21 +1,24 @@
 """Telegram's flood limits, shared by every worker on every host through Redis.
 
-The moving-window limiter comes from `limits` (measured here: 4 processes on one Redis key
-for 5 s at 30/s allowed exactly 150). A 429's retry_after pauses the whole bot
-(flood control is per bot) through a key with a TTL, which wins over the limiter's own
-accounting. Without REDIS_URL (the demo) the state is per process.
+A bot's sends are paced by slots one interval apart (_RESERVE_LUA) and counted in a window
+from the moment each goes on the wire until a second after its answer (_ENTER_WINDOW_LUA),
+both on Redis's clock; a chat's own limit is a
+gate key (1/s) or a moving window from `limits` (a group's 20/min). A 429's retry_after
+pauses the whole bot (flood control is per bot) through a key with a TTL, which wins over
+the limiter's own accounting. Without REDIS_URL (the demo) the state is per process.
 """
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from dataclasses import dataclass
 from functools import cache
 
+import limits.errors
+import redis
 from django.conf import settings
-from limits import RateLimitItemPerSecond, parse
+from limits import parse
 from limits.storage import MemoryStorage, Storage, storage_from_string
 from limits.strategies import MovingWindowRateLimiter
 
@@ -38,6 +41,11 @@ def _storage() -> Storage:
 @cache
 def _limiter() -> MovingWindowRateLimiter:
     return MovingWindowRateLimiter(_storage())
+
+
+# Redis holds the limiter: when it does not answer, no message may go (the limit could not be
+# kept), and none may be left claimed (it would wait out its lease).
+LIMITER_ERRORS = (redis.RedisError, limits.errors.StorageError)
 
 
 @cache
@@ -83,12 +91,11 @@ def chat_limit_for(chat_id: int) -> str:
     return settings.DOVECOTE_GROUP_CHAT_RATE if chat_id < 0 else settings.DOVECOTE_PRIVATE_CHAT_RATE
 
 
-# Slots are handed out a little below the configured rate: the request reaches Telegram a
-# few milliseconds after the slot is taken, and that jitter must not add up to one message
-# too many in Telegram's own window. At 0.93 a request may arrive ~65 ms late (at 5/s and
-# at 100/s alike) before Telegram could count one message too many in a second.
-PACING = 0.93
-WINDOW_PACING = (1 + PACING) / 2
+# The slots come a little slower than the bot's rate, so that sends keeping to their slots
+# leave room in its window (below) for the time a request spends on the way.
+PACING = 0.96
+# A chat's or a group's moving window (whole seconds, from `limits`) is waited out this much
+# longer: its last request may have reached Telegram late.
 WINDOW_MARGIN_SECONDS = 0.05
 # A reserved slot this close is taken at once rather than rescheduled.
 SLOT_TOLERANCE_SECONDS = 0.003
@@ -194,6 +201,78 @@ def reserve_slots(bot_id: int, rate: float, n: int, *, horizon: float) -> list[f
         return [nxt - now + i * interval for i in range(k)]
 
 
+# The bot's window. Telegram counts a message in every sliding second that holds its
+# arrival, and a request arrives some time after it went on the wire and before its answer
+# came back: not equally late every time (a busy core, a first connection), so requests
+# let go evenly can arrive bunched, and a second with one too many is a 429 that holds the
+# whole bot. So each request is an entry from the moment it goes on the wire until a second
+# after its answer came: at most `rate` entries at once means at most `rate` arrivals in
+# any second, however late each one arrived. An entry whose answer never comes back (its
+# process died) stays for the longest a caller waits for an answer. Redis's clock; a sorted
+# set of request ids scored by when each one leaves the window.
+_ENTER_WINDOW_LUA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then
+  local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  return {'full', tostring(tonumber(first[2]) - now)}
+end
+local longest = tonumber(ARGV[3])
+redis.call('ZADD', KEYS[1], string.format('%.6f', now + 1 + longest), ARGV[2])
+redis.call('PEXPIRE', KEYS[1], math.ceil((longest + 2) * 1000))
+return {'go', '0'}
+"""
+_LEAVE_WINDOW_LUA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+redis.call('ZADD', KEYS[1], 'XX', string.format('%.6f', now + 1), ARGV[1])
+return 1
+"""
+
+_local_windows: dict[int, dict[str, float]] = {}
+
+
+@cache
+def _window_scripts():
+    client = redis_client()
+    return client.register_script(_ENTER_WINDOW_LUA), client.register_script(_LEAVE_WINDOW_LUA)
+
+
+def _window_key(bot_id: int) -> str:
+    return f"{settings.DOVECOTE_REDIS_PREFIX}dovecote:window:{bot_id}"
+
+
+def enter_bot_window(bot_id: int, rate: int, request_id: str, *, longest: float) -> float:
+    """Enter a request in the bot's window as it goes on the wire: 0, or, entering nothing,
+    the seconds until the window may have room. `longest`: how long its caller waits for
+    the answer at most. A 429's pause is not looked at here: `acquire` honours it when the
+    send takes its slot."""
+    if settings.REDIS_URL:
+        kind, seconds = _window_scripts()[0](keys=[_window_key(bot_id)], args=[max(int(rate), 1), request_id, longest])
+        return 0.0 if kind in (b"go", "go") else float(seconds)
+    now = time.time()
+    with _local_lock:
+        window = _local_windows.setdefault(bot_id, {})
+        for key in [k for k, until in window.items() if until <= now]:
+            del window[key]
+        if len(window) >= max(int(rate), 1):
+            return min(window.values()) - now
+        window[request_id] = now + 1 + longest
+        return 0.0
+
+
+def leave_bot_window(bot_id: int, request_id: str) -> None:
+    """The request's answer came (or its wait ended): it leaves the window a second from now."""
+    if settings.REDIS_URL:
+        _window_scripts()[1](keys=[_window_key(bot_id)], args=[request_id])
+        return
+    with _local_lock:
+        window = _local_windows.get(bot_id, {})
+        if request_id in window:
+            window[request_id] = time.time() + 1
+
+
 @dataclass(frozen=True)
 class Wait:
     """Seconds to wait before trying again (0: go now), and whether a slot is held for then."""
@@ -239,14 +318,7 @@ def acquire(
             return Wait(seconds, beyond_horizon=True)
         if seconds > SLOT_TOLERANCE_SECONDS:
             return Wait(seconds, slot_reserved=True)
-    # The window stops short of the full rate, between it and the slots' pace: sends that
-    # fall behind their slots (a busy worker) run back to back, and a window filled to the
-    # full rate turned the requests' jitter into 429s (bench/broadcast.py); one below the
-    # slots' pace would refuse sends that keep to their slots.
-    bot_item = RateLimitItemPerSecond(max(math.ceil(bot_rate * PACING), int(bot_rate * WINDOW_PACING), 1))
-    bot_key = f"bot:{bot_id}"
-    if not limiter.hit(bot_item, bot_key):
-        return Wait(_wait(limiter, bot_item, bot_key))
+    # The bot's window is not taken here but as the request goes on the wire (outbox.botapi).
     if chat_item is not None and (wait := _chat_hit(limiter, chat_item, chat_key)) > 0:
         return Wait(wait)
     return GO
@@ -306,8 +378,9 @@ def reset() -> None:
     with _local_lock:
         _local_pauses.clear()
         _local_slots.clear()
+        _local_windows.clear()
     if settings.REDIS_URL:
         prefix = settings.DOVECOTE_REDIS_PREFIX
-        for pattern in (f"{prefix}dovecote:flood:*", f"{prefix}dovecote:slot:*"):
+        for pattern in (f"{prefix}dovecote:flood:*", f"{prefix}dovecote:slot:*", f"{prefix}dovecote:window:*"):
             for key in redis_client().scan_iter(pattern):
                 redis_client().delete(key)

@@ -29,8 +29,6 @@ import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-import limits.errors
-import redis
 from django.conf import settings
 from django.utils import timezone
 
@@ -227,9 +225,8 @@ def _slots_from_limiter(
     return go, None
 
 
-# Redis holds the limiter: when it does not answer, no message may go (the limit could not be
-# kept), and none may be left claimed (it would wait out its lease): all go back to waiting.
-LIMITER_ERRORS = (redis.RedisError, limits.errors.StorageError)
+# When Redis, which holds the limiter, does not answer, the claimed messages go back to waiting.
+LIMITER_ERRORS = ratelimit.LIMITER_ERRORS
 LIMITER_RETRY_SECONDS = 1.0
 
 
@@ -277,6 +274,7 @@ def _send(
     pending: set[concurrent.futures.Future[botapi.CallOutcome]] = set()
     deadline = start
     answered = False
+    paced_by = (bot.pk, bot.rate_limit) if settings.DOVECOTE_RATE_LIMITS_ENABLED else None
     sent_before = report.sent
     while schedule or pending:
         now = time.monotonic()
@@ -295,6 +293,7 @@ def _send(
                         method=message.method,
                         params={"chat_id": message.chat_id, **message.payload},
                         bot_name=bot.name,
+                        paced_by=paced_by,
                     )
                     futures[future] = message
                     pending.add(future)
