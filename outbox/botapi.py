@@ -117,8 +117,8 @@ class _ProcessLoop:
 _last_status: contextvars.ContextVar[int | None] = contextvars.ContextVar("last_status", default=None)
 
 
-# The bot (id, rate) whose window the call of this task is counted in as it goes on the wire.
-_paced_by: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar("paced_by", default=None)
+# What the call of this task counts against as it goes on the wire (outbox.ratelimit).
+_paced_by: contextvars.ContextVar[ratelimit.Pacing | None] = contextvars.ContextVar("paced_by", default=None)
 
 # How long a request waits for room in its bot's window before it goes all the same (and
 # Telegram decides): well inside the time its caller waits for the answer (send_timeout).
@@ -128,7 +128,7 @@ WINDOW_WAIT_LIMIT_SECONDS = 2.0
 WINDOW_RECHECK_SECONDS = 0.05
 
 
-async def _enter_window(bot_id: int, rate: int) -> str | None:
+async def _enter_window(paced: ratelimit.Pacing) -> str | None:
     """Enter this request in its bot's window (outbox.ratelimit) as it goes on the wire,
     waiting for room; returns its entry, or None when the limiter could not be asked.
     Entered here and not when the send took its slot: the claim and the attempt row (two
@@ -138,25 +138,25 @@ async def _enter_window(bot_id: int, rate: int) -> str | None:
     deadline = time.monotonic() + WINDOW_WAIT_LIMIT_SECONDS
     while True:
         try:
-            wait = ratelimit.enter_bot_window(bot_id, rate, request_id, longest=send_timeout())
+            wait = ratelimit.enter_window(paced, request_id, longest=send_timeout())
         except ratelimit.LIMITER_ERRORS as exc:
             # The send took its slot a moment ago, with Redis answering: it goes.
-            logger.warning("bot %s: rate limiter unreachable as a request went out: %s", bot_id, exc)
+            logger.warning("bot %s: rate limiter unreachable as a request went out: %s", paced.bot_id, exc)
             return None
         if wait <= 0:
             return request_id
         if time.monotonic() >= deadline:
-            logger.warning("bot %s: its rate-limit window stayed full; a request goes all the same", bot_id)
+            logger.warning("bot %s: its rate-limit window stayed full; a request goes all the same", paced.bot_id)
             return None
         await asyncio.sleep(min(wait, WINDOW_RECHECK_SECONDS))
 
 
-def _leave_window(bot_id: int, request_id: str) -> None:
+def _leave_window(paced: ratelimit.Pacing, request_id: str) -> None:
     try:
-        ratelimit.leave_bot_window(bot_id, request_id)
+        ratelimit.leave_window(paced, request_id)
     except ratelimit.LIMITER_ERRORS as exc:
         # Its entry stays for the longest wait: the window is only the narrower meanwhile.
-        logger.warning("bot %s: rate limiter unreachable as an answer came: %s", bot_id, exc)
+        logger.warning("bot %s: rate limiter unreachable as an answer came: %s", paced.bot_id, exc)
 
 
 class _StatusRecordingRequest(HTTPXRequest):
@@ -166,13 +166,13 @@ class _StatusRecordingRequest(HTTPXRequest):
             code, payload = await super().do_request(*args, **kwargs)
         else:
             _paced_by.set(None)  # one entry per call
-            entry = await _enter_window(*paced_by)
+            entry = await _enter_window(paced_by)
             try:
                 code, payload = await super().do_request(*args, **kwargs)
             finally:
                 # Answered, refused or given up on: whenever it arrived, it was before now.
                 if entry is not None:
-                    _leave_window(paced_by[0], entry)
+                    _leave_window(paced_by, entry)
         _last_status.set(code)
         return code, payload
 
@@ -236,7 +236,7 @@ async def _call(
     params: dict[str, Any],
     timeout: float | None,
     bot_name: str = "",
-    paced_by: tuple[int, int] | None = None,
+    paced_by: ratelimit.Pacing | None = None,
 ) -> CallOutcome:
     """One Bot API call; the one place every call of the outbox passes, so it is counted here."""
     if paced_by is not None:
@@ -313,12 +313,12 @@ def call(
     params: dict[str, Any],
     timeout: float | None = None,
     bot_name: str = "",
-    paced_by: tuple[int, int] | None = None,
+    paced_by: ratelimit.Pacing | None = None,
 ) -> CallOutcome:
     """Make one Bot API call and classify its outcome. Never raises for Telegram errors.
 
-    `paced_by`: (bot id, its rate limit) - the request is counted in the bot's window of
-    outbox.ratelimit as it goes on the wire (the outbox's sends)."""
+    `paced_by`: the outbox's sends count in their bot's window and their chat's gate
+    (outbox.ratelimit) from the moment the request goes on the wire."""
     try:
         return run_sync(_call(token, base_url, method, params, timeout, bot_name, paced_by))
     except TimeoutError as exc:
@@ -332,7 +332,7 @@ def submit(
     method: str,
     params: dict[str, Any],
     bot_name: str = "",
-    paced_by: tuple[int, int] | None = None,
+    paced_by: ratelimit.Pacing | None = None,
 ) -> concurrent.futures.Future[CallOutcome]:
     """Start one Bot API call on the process's loop and return at once: the batched drain
     has several in flight together. The future's result is the classified outcome."""

@@ -210,6 +210,9 @@ def reserve_slots(bot_id: int, rate: float, n: int, *, horizon: float) -> list[f
 # any second, however late each one arrived. An entry whose answer never comes back (its
 # process died) stays for the longest a caller waits for an answer. Redis's clock; a sorted
 # set of request ids scored by when each one leaves the window.
+#
+# A private chat's gate (below) is held the same way from the wire on: a second from its
+# answer, however late the request arrived.
 _ENTER_WINDOW_LUA = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
@@ -221,16 +224,45 @@ end
 local longest = tonumber(ARGV[3])
 redis.call('ZADD', KEYS[1], string.format('%.6f', now + 1 + longest), ARGV[2])
 redis.call('PEXPIRE', KEYS[1], math.ceil((longest + 2) * 1000))
+if KEYS[2] then
+  redis.call('SET', KEYS[2], '1', 'PX', math.ceil(longest * 1000) + tonumber(ARGV[4]))
+end
 return {'go', '0'}
 """
 _LEAVE_WINDOW_LUA = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 redis.call('ZADD', KEYS[1], 'XX', string.format('%.6f', now + 1), ARGV[1])
+if KEYS[2] then
+  redis.call('SET', KEYS[2], '1', 'PX', tonumber(ARGV[2]))
+end
 return 1
 """
 
 _local_windows: dict[int, dict[str, float]] = {}
+
+
+@dataclass(frozen=True)
+class Pacing:
+    """What a request counts against from the moment it goes on the wire: its bot's window
+    and, to a private chat, the chat's gate (its key and period in ms)."""
+
+    bot_id: int
+    rate: int
+    chat_gate: tuple[str, int] | None = None
+
+
+def pacing(bot_id: int, rate: int, chat_id: int | None) -> Pacing | None:
+    """The pacing of a send to this chat (None for a call that puts no message in a chat),
+    or None with the limiter switched off."""
+    if not settings.DOVECOTE_RATE_LIMITS_ENABLED:
+        return None
+    gate = None
+    if chat_id is not None:
+        item = parse(chat_limit_for(chat_id))
+        found = _chat_gate(item, f"chat:{bot_id}:{chat_id}")
+        gate = (found[0], int(item.get_expiry() * 1000)) if found else None
+    return Pacing(bot_id, max(int(rate), 1), gate)
 
 
 @cache
@@ -243,32 +275,36 @@ def _window_key(bot_id: int) -> str:
     return f"{settings.DOVECOTE_REDIS_PREFIX}dovecote:window:{bot_id}"
 
 
-def enter_bot_window(bot_id: int, rate: int, request_id: str, *, longest: float) -> float:
-    """Enter a request in the bot's window as it goes on the wire: 0, or, entering nothing,
-    the seconds until the window may have room. `longest`: how long its caller waits for
-    the answer at most. A 429's pause is not looked at here: `acquire` honours it when the
-    send takes its slot."""
+def enter_window(paced: Pacing, request_id: str, *, longest: float) -> float:
+    """Enter a request in its bot's window as it goes on the wire (and hold its chat's
+    gate): 0, or, entering nothing, the seconds until the window may have room. `longest`:
+    how long its caller waits for the answer at most. A 429's pause is not looked at here:
+    `acquire` honours it when the send takes its slot."""
     if settings.REDIS_URL:
-        kind, seconds = _window_scripts()[0](keys=[_window_key(bot_id)], args=[max(int(rate), 1), request_id, longest])
+        keys = [_window_key(paced.bot_id)] + ([paced.chat_gate[0]] if paced.chat_gate else [])
+        args = [paced.rate, request_id, longest, paced.chat_gate[1] if paced.chat_gate else 0]
+        kind, seconds = _window_scripts()[0](keys=keys, args=args)
         return 0.0 if kind in (b"go", "go") else float(seconds)
     now = time.time()
     with _local_lock:
-        window = _local_windows.setdefault(bot_id, {})
+        window = _local_windows.setdefault(paced.bot_id, {})
         for key in [k for k, until in window.items() if until <= now]:
             del window[key]
-        if len(window) >= max(int(rate), 1):
+        if len(window) >= paced.rate:
             return min(window.values()) - now
         window[request_id] = now + 1 + longest
         return 0.0
 
 
-def leave_bot_window(bot_id: int, request_id: str) -> None:
-    """The request's answer came (or its wait ended): it leaves the window a second from now."""
+def leave_window(paced: Pacing, request_id: str) -> None:
+    """The request's answer came (or its wait ended): it leaves the bot's window, and frees
+    its chat's gate, a second (the chat's period) from now."""
     if settings.REDIS_URL:
-        _window_scripts()[1](keys=[_window_key(bot_id)], args=[request_id])
+        keys = [_window_key(paced.bot_id)] + ([paced.chat_gate[0]] if paced.chat_gate else [])
+        _window_scripts()[1](keys=keys, args=[request_id, paced.chat_gate[1] if paced.chat_gate else 0])
         return
     with _local_lock:
-        window = _local_windows.get(bot_id, {})
+        window = _local_windows.get(paced.bot_id, {})
         if request_id in window:
             window[request_id] = time.time() + 1
 

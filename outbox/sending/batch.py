@@ -274,7 +274,6 @@ def _send(
     pending: set[concurrent.futures.Future[botapi.CallOutcome]] = set()
     deadline = start
     answered = False
-    paced_by = (bot.pk, bot.rate_limit) if settings.DOVECOTE_RATE_LIMITS_ENABLED else None
     sent_before = report.sent
     while schedule or pending:
         now = time.monotonic()
@@ -293,7 +292,7 @@ def _send(
                         method=message.method,
                         params={"chat_id": message.chat_id, **message.payload},
                         bot_name=bot.name,
-                        paced_by=paced_by,
+                        paced_by=ratelimit.pacing(bot.pk, bot.rate_limit, limited_chat_id(message)),
                     )
                     futures[future] = message
                     pending.add(future)

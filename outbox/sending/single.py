@@ -106,7 +106,7 @@ def outbound_message_send(message_id: int, *, slot_reserved: bool = False, only_
         method=message.method,
         params={"chat_id": message.chat_id, **message.payload},
         bot_name=message.bot.name,
-        paced_by=(message.bot_id, message.bot.rate_limit) if settings.DOVECOTE_RATE_LIMITS_ENABLED else None,
+        paced_by=ratelimit.pacing(message.bot_id, message.bot.rate_limit, limited_chat_id(message)),
     )
     failpoint("after_response")
     result = with_outcome_write_retries(

@@ -299,11 +299,11 @@ def test_the_per_bot_limit_is_shared_by_concurrent_workers(bot_factory, sandbox)
 def test_requests_arriving_late_and_unevenly_still_keep_within_the_bots_limit(bot_factory, sandbox) -> None:
     # Telegram counts a request when it arrives. Let go at the bot's pace but arriving up
     # to 400 ms late, each a different time, requests counted when they left put six into
-    # one of Telegram's seconds: a 429 that holds the whole bot.
+    # one of Telegram's seconds, or two into a chat's: a 429 that holds the whole bot.
     bot = bot_factory(rate_limit=5)
     warm_up(bot)
-    sandbox.limits(per_bot_per_second=5, arrival_jitter_ms=400)
-    messages = [enqueue(bot, chat_id=400 + i, text=f"n{i}", ordered=False) for i in range(16)]
+    sandbox.limits(per_bot_per_second=5, per_private_chat_per_second=1, arrival_jitter_ms=400)
+    messages = [enqueue(bot, chat_id=400 + i % 4, text=f"n{i}", ordered=False) for i in range(16)]
 
     in_threads(4, lambda i: [drive(m.pk, timeout=30)[1].state for m in messages[i::4]])
 
@@ -314,16 +314,17 @@ def test_requests_arriving_late_and_unevenly_still_keep_within_the_bots_limit(bo
 
 @pytest.mark.django_db
 def test_a_request_counts_in_the_bots_window_until_a_second_after_its_answer(bot) -> None:
-    assert ratelimit.enter_bot_window(bot.pk, 2, "a", longest=30) == 0
-    assert ratelimit.enter_bot_window(bot.pk, 2, "b", longest=30) == 0
+    two = ratelimit.Pacing(bot.pk, 2)
+    assert ratelimit.enter_window(two, "a", longest=30) == 0
+    assert ratelimit.enter_window(two, "b", longest=30) == 0
     # Both still on the way, however long they take (a worker that died with one in
     # flight leaves it there for the longest wait of a caller): a third waits.
-    assert ratelimit.enter_bot_window(bot.pk, 2, "c", longest=30) > 30
+    assert ratelimit.enter_window(two, "c", longest=30) > 30
 
-    ratelimit.leave_bot_window(bot.pk, "a")
+    ratelimit.leave_window(two, "a")
 
-    assert 0.9 < ratelimit.enter_bot_window(bot.pk, 2, "c", longest=30) <= 1.0
-    assert ratelimit.enter_bot_window(bot.pk, 3, "c", longest=30) == 0  # a higher limit has room
+    assert 0.9 < ratelimit.enter_window(two, "c", longest=30) <= 1.0
+    assert ratelimit.enter_window(ratelimit.Pacing(bot.pk, 3), "c", longest=30) == 0  # a higher limit has room
 
 
 @pytest.mark.django_db(transaction=True)
