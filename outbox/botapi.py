@@ -20,7 +20,6 @@ import os
 import re
 import threading
 import time
-import uuid
 import warnings
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
@@ -39,7 +38,7 @@ from telegram import error as tg_error
 from telegram.request import HTTPXRequest
 from telegram.warnings import PTBUserWarning
 
-from outbox import metrics, ratelimit
+from outbox import metrics
 from outbox.models import ErrorClass
 
 logger = logging.getLogger(__name__)
@@ -117,62 +116,9 @@ class _ProcessLoop:
 _last_status: contextvars.ContextVar[int | None] = contextvars.ContextVar("last_status", default=None)
 
 
-# What the call of this task counts against as it goes on the wire (outbox.ratelimit).
-_paced_by: contextvars.ContextVar[ratelimit.Pacing | None] = contextvars.ContextVar("paced_by", default=None)
-
-# How long a request waits for room in its bot's window before it goes all the same (and
-# Telegram decides): well inside the time its caller waits for the answer (send_timeout).
-WINDOW_WAIT_LIMIT_SECONDS = 2.0
-# A waiting request looks again at least this often: an entry still on the way may leave
-# the window any moment.
-WINDOW_RECHECK_SECONDS = 0.05
-
-
-async def _enter_window(paced: ratelimit.Pacing) -> str | None:
-    """Enter this request in its bot's window (outbox.ratelimit) as it goes on the wire,
-    waiting for room; returns its entry, or None when the limiter could not be asked.
-    Entered here and not when the send took its slot: the claim and the attempt row (two
-    commits), a first request's client set-up or a busy core come in between. The slots
-    keep the window from filling, so this rarely waits."""
-    request_id = uuid.uuid4().hex
-    deadline = time.monotonic() + WINDOW_WAIT_LIMIT_SECONDS
-    while True:
-        try:
-            wait = ratelimit.enter_window(paced, request_id, longest=send_timeout())
-        except ratelimit.LIMITER_ERRORS as exc:
-            # The send took its slot a moment ago, with Redis answering: it goes.
-            logger.warning("bot %s: rate limiter unreachable as a request went out: %s", paced.bot_id, exc)
-            return None
-        if wait <= 0:
-            return request_id
-        if time.monotonic() >= deadline:
-            logger.warning("bot %s: its rate-limit window stayed full; a request goes all the same", paced.bot_id)
-            return None
-        await asyncio.sleep(min(wait, WINDOW_RECHECK_SECONDS))
-
-
-def _leave_window(paced: ratelimit.Pacing, request_id: str) -> None:
-    try:
-        ratelimit.leave_window(paced, request_id)
-    except ratelimit.LIMITER_ERRORS as exc:
-        # Its entry stays for the longest wait: the window is only the narrower meanwhile.
-        logger.warning("bot %s: rate limiter unreachable as an answer came: %s", paced.bot_id, exc)
-
-
 class _StatusRecordingRequest(HTTPXRequest):
     async def do_request(self, *args: Any, **kwargs: Any) -> tuple[int, bytes]:
-        paced_by = _paced_by.get()
-        if paced_by is None:
-            code, payload = await super().do_request(*args, **kwargs)
-        else:
-            _paced_by.set(None)  # one entry per call
-            entry = await _enter_window(paced_by)
-            try:
-                code, payload = await super().do_request(*args, **kwargs)
-            finally:
-                # Answered, refused or given up on: whenever it arrived, it was before now.
-                if entry is not None:
-                    _leave_window(paced_by, entry)
+        code, payload = await super().do_request(*args, **kwargs)
         _last_status.set(code)
         return code, payload
 
@@ -230,17 +176,9 @@ async def get_bot(token: str, base_url: str) -> telegram.Bot:
 
 
 async def _call(
-    token: str,
-    base_url: str,
-    method: str,
-    params: dict[str, Any],
-    timeout: float | None,
-    bot_name: str = "",
-    paced_by: ratelimit.Pacing | None = None,
+    token: str, base_url: str, method: str, params: dict[str, Any], timeout: float | None, bot_name: str = ""
 ) -> CallOutcome:
     """One Bot API call; the one place every call of the outbox passes, so it is counted here."""
-    if paced_by is not None:
-        _paced_by.set(paced_by)  # this call's own task: its context is its own
     started = time.monotonic()
     outcome = await _classified_call(token, base_url, method, params, timeout)
     metrics.BOT_API_SECONDS.labels(method=method).observe(time.monotonic() - started)
@@ -313,31 +251,21 @@ def call(
     params: dict[str, Any],
     timeout: float | None = None,
     bot_name: str = "",
-    paced_by: ratelimit.Pacing | None = None,
 ) -> CallOutcome:
-    """Make one Bot API call and classify its outcome. Never raises for Telegram errors.
-
-    `paced_by`: the outbox's sends count in their bot's window and their chat's gate
-    (outbox.ratelimit) from the moment the request goes on the wire."""
+    """Make one Bot API call and classify its outcome. Never raises for Telegram errors."""
     try:
-        return run_sync(_call(token, base_url, method, params, timeout, bot_name, paced_by))
+        return run_sync(_call(token, base_url, method, params, timeout, bot_name))
     except TimeoutError as exc:
         return outcome_of_lost_wait(exc)
 
 
 def submit(
-    *,
-    token: str,
-    base_url: str,
-    method: str,
-    params: dict[str, Any],
-    bot_name: str = "",
-    paced_by: ratelimit.Pacing | None = None,
+    *, token: str, base_url: str, method: str, params: dict[str, Any], bot_name: str = ""
 ) -> concurrent.futures.Future[CallOutcome]:
     """Start one Bot API call on the process's loop and return at once: the batched drain
     has several in flight together. The future's result is the classified outcome."""
     return asyncio.run_coroutine_threadsafe(
-        _call(token, base_url, method, params, None, bot_name, paced_by), _process_loop.loop()
+        _call(token, base_url, method, params, None, bot_name), _process_loop.loop()
     )
 
 

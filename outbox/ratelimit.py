@@ -1,8 +1,8 @@
 """Telegram's flood limits, shared by every worker on every host through Redis.
 
 A bot's sends are paced by slots one interval apart (_RESERVE_LUA) and counted in a window
-from the moment each goes on the wire until a second after its answer (_ENTER_WINDOW_LUA),
-both on Redis's clock; a chat's own limit is a
+from the moment each takes its slot until a second after its answer (_TAKE_LUA), both on
+Redis's clock; a chat's own limit is a
 gate key (1/s) or a moving window from `limits` (a group's 20/min). A 429's retry_after
 pauses the whole bot (flood control is per bot) through a key with a TTL, which wins over
 the limiter's own accounting. Without REDIS_URL (the demo) the state is per process.
@@ -10,8 +10,10 @@ the limiter's own accounting. Without REDIS_URL (the demo) the state is per proc
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from functools import cache
 
@@ -25,6 +27,8 @@ from limits.strategies import MovingWindowRateLimiter
 from outbox import policy
 from project import connections
 from project.connections import redis_ssl_options
+
+logger = logging.getLogger(__name__)
 
 
 @cache
@@ -97,6 +101,8 @@ PACING = 0.96
 # A chat's or a group's moving window (whole seconds, from `limits`) is waited out this much
 # longer: its last request may have reached Telegram late.
 WINDOW_MARGIN_SECONDS = 0.05
+# A send whose bot's window has room again this soon waits for it where it is.
+WINDOW_WAIT_IN_PLACE_SECONDS = 0.1
 # A reserved slot this close is taken at once rather than rescheduled.
 SLOT_TOLERANCE_SECONDS = 0.003
 
@@ -202,39 +208,57 @@ def reserve_slots(bot_id: int, rate: float, n: int, *, horizon: float) -> list[f
 
 
 # The bot's window. Telegram counts a message in every sliding second that holds its
-# arrival, and a request arrives some time after it went on the wire and before its answer
-# came back: not equally late every time (a busy core, a first connection), so requests
-# let go evenly can arrive bunched, and a second with one too many is a 429 that holds the
-# whole bot. So each request is an entry from the moment it goes on the wire until a second
-# after its answer came: at most `rate` entries at once means at most `rate` arrivals in
-# any second, however late each one arrived. An entry whose answer never comes back (its
-# process died) stays for the longest a caller waits for an answer. Redis's clock; a sorted
-# set of request ids scored by when each one leaves the window.
-#
-# A private chat's gate (below) is held the same way from the wire on: a second from its
-# answer, however late the request arrived.
-_ENTER_WINDOW_LUA = """
+# arrival, and a request arrives some time after its send took a slot here and before its
+# answer came back: not equally late every time (two commits, a busy core, a first
+# connection come in between), so requests let go evenly can arrive bunched, and a second
+# with one too many is a 429 that holds the whole bot. So each send is an entry from the
+# moment it takes its slot until a second after its answer came: at most `rate` entries at
+# once means at most `rate` arrivals in any second, however late each one arrived. An entry
+# whose answer never comes (its process died) stays for the longest a caller waits for an
+# answer. A private chat's gate is held the same way. Redis's clock; a sorted set of entries
+# scored by when each one leaves the window; a 429's pause and the chat's gate are checked
+# in the same call.
+_TAKE_LUA = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then
-  local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+if ARGV[1] == '1' then
+  local paused = redis.call('GET', KEYS[1])
+  if paused and tonumber(paused) > now then return {'paused', tostring(tonumber(paused) - now)} end
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[2]) then
+  local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
   return {'full', tostring(tonumber(first[2]) - now)}
 end
-local longest = tonumber(ARGV[3])
-redis.call('ZADD', KEYS[1], string.format('%.6f', now + 1 + longest), ARGV[2])
-redis.call('PEXPIRE', KEYS[1], math.ceil((longest + 2) * 1000))
-if KEYS[2] then
-  redis.call('SET', KEYS[2], '1', 'PX', math.ceil(longest * 1000) + tonumber(ARGV[4]))
+local longest = tonumber(ARGV[4])
+if KEYS[3] and not redis.call('SET', KEYS[3], '1', 'NX', 'PX', math.ceil(longest * 1000) + tonumber(ARGV[5])) then
+  -- held longer than a period: a send still on the way; look again in a period
+  return {'chat', tostring(math.min(math.max(redis.call('PTTL', KEYS[3]), 10), tonumber(ARGV[5])) / 1000)}
 end
+redis.call('ZADD', KEYS[2], string.format('%.6f', now + 1 + longest), ARGV[3])
+redis.call('PEXPIRE', KEYS[2], math.ceil((longest + 2) * 1000))
 return {'go', '0'}
 """
-_LEAVE_WINDOW_LUA = """
+# The answers came: each entry leaves a second from now (its chat's gate a period from
+# now); or, ARGV[1] = '0', the requests never went: entries and gates go at once.
+_LEAVE_LUA = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-redis.call('ZADD', KEYS[1], 'XX', string.format('%.6f', now + 1), ARGV[1])
-if KEYS[2] then
-  redis.call('SET', KEYS[2], '1', 'PX', tonumber(ARGV[2]))
+local sent = ARGV[1] == '1'
+local n = tonumber(ARGV[2])
+for i = 1, n do
+  if sent then
+    redis.call('ZADD', KEYS[1], 'XX', string.format('%.6f', now + 1), ARGV[2 + i])
+  else
+    redis.call('ZREM', KEYS[1], ARGV[2 + i])
+  end
+end
+for i = 2, #KEYS do
+  if sent then
+    redis.call('SET', KEYS[i], '1', 'PX', tonumber(ARGV[2 + n + i - 1]))
+  else
+    redis.call('DEL', KEYS[i])
+  end
 end
 return 1
 """
@@ -242,71 +266,89 @@ return 1
 _local_windows: dict[int, dict[str, float]] = {}
 
 
-@dataclass(frozen=True)
-class Pacing:
-    """What a request counts against from the moment it goes on the wire: its bot's window
-    and, to a private chat, the chat's gate (its key and period in ms)."""
-
-    bot_id: int
-    rate: int
-    chat_gate: tuple[str, int] | None = None
-
-
-def pacing(bot_id: int, rate: int, chat_id: int | None) -> Pacing | None:
-    """The pacing of a send to this chat (None for a call that puts no message in a chat),
-    or None with the limiter switched off."""
-    if not settings.DOVECOTE_RATE_LIMITS_ENABLED:
-        return None
-    gate = None
-    if chat_id is not None:
-        item = parse(chat_limit_for(chat_id))
-        found = _chat_gate(item, f"chat:{bot_id}:{chat_id}")
-        gate = (found[0], int(item.get_expiry() * 1000)) if found else None
-    return Pacing(bot_id, max(int(rate), 1), gate)
+# How long a send waits for its answer at most (outbox.botapi.send_timeout()): an entry
+# whose answer never comes leaves the window after it.
+def _longest_wait() -> float:
+    return settings.DOVECOTE_TELEGRAM_CONNECT_TIMEOUT + settings.DOVECOTE_TELEGRAM_READ_TIMEOUT * 2 + 5
 
 
 @cache
-def _window_scripts():
+def _scripts():
     client = redis_client()
-    return client.register_script(_ENTER_WINDOW_LUA), client.register_script(_LEAVE_WINDOW_LUA)
+    return client.register_script(_TAKE_LUA), client.register_script(_LEAVE_LUA)
 
 
 def _window_key(bot_id: int) -> str:
     return f"{settings.DOVECOTE_REDIS_PREFIX}dovecote:window:{bot_id}"
 
 
-def enter_window(paced: Pacing, request_id: str, *, longest: float) -> float:
-    """Enter a request in its bot's window as it goes on the wire (and hold its chat's
-    gate): 0, or, entering nothing, the seconds until the window may have room. `longest`:
-    how long its caller waits for the answer at most. A 429's pause is not looked at here:
-    `acquire` honours it when the send takes its slot."""
+@dataclass(frozen=True)
+class Entry:
+    """A send's place in its bot's window (and its private chat's gate, with the chat's
+    period in ms), from its slot until `leave` after the answer."""
+
+    bot_id: int
+    id: str
+    chat_gate: tuple[str, int] | None = None
+
+
+def _take(
+    bot_id: int, rate: int, gate: tuple[str, int] | None, *, check_pause: bool
+) -> tuple[str, float, Entry | None]:
+    """Enter a send in the bot's window and take its chat's gate: ("go", 0, entry), or,
+    taking nothing, ("paused" | "full" | "chat", seconds to wait, None)."""
+    entry = Entry(bot_id, uuid.uuid4().hex, gate)
+    longest = _longest_wait()
     if settings.REDIS_URL:
-        keys = [_window_key(paced.bot_id)] + ([paced.chat_gate[0]] if paced.chat_gate else [])
-        args = [paced.rate, request_id, longest, paced.chat_gate[1] if paced.chat_gate else 0]
-        kind, seconds = _window_scripts()[0](keys=keys, args=args)
-        return 0.0 if kind in (b"go", "go") else float(seconds)
+        keys = [_pause_key(bot_id), _window_key(bot_id)] + ([gate[0]] if gate else [])
+        args = ["1" if check_pause else "0", max(int(rate), 1), entry.id, longest, gate[1] if gate else 0]
+        kind, seconds = _scripts()[0](keys=keys, args=args)
+        kind = kind.decode() if isinstance(kind, bytes) else kind
+        return kind, float(seconds), entry if kind == "go" else None
     now = time.time()
     with _local_lock:
-        window = _local_windows.setdefault(paced.bot_id, {})
+        paused = _local_pauses.get(bot_id, 0.0) - now
+        if check_pause and paused > 0:
+            return "paused", paused, None
+        window = _local_windows.setdefault(bot_id, {})
         for key in [k for k, until in window.items() if until <= now]:
             del window[key]
-        if len(window) >= paced.rate:
-            return min(window.values()) - now
-        window[request_id] = now + 1 + longest
-        return 0.0
+        if len(window) >= max(int(rate), 1):
+            return "full", min(window.values()) - now, None
+        window[entry.id] = now + 1 + longest
+        return "go", 0.0, entry
 
 
-def leave_window(paced: Pacing, request_id: str) -> None:
-    """The request's answer came (or its wait ended): it leaves the bot's window, and frees
-    its chat's gate, a second (the chat's period) from now."""
+def leave(entries: list[Entry], *, sent: bool = True) -> None:
+    """The sends' answers came (or their wait ended): each leaves its bot's window, and
+    frees its chat's gate, a second (the chat's period) from now. `sent=False`: the requests
+    never went out; they leave at once. Never raises: an entry left behind only narrows the
+    window until it expires."""
+    by_bot: dict[int, list[Entry]] = {}
+    for entry in entries:
+        by_bot.setdefault(entry.bot_id, []).append(entry)
+    for bot_id, mine in by_bot.items():
+        try:
+            _leave(bot_id, mine, sent=sent)
+        except LIMITER_ERRORS as exc:
+            logger.warning("bot %s: rate limiter unreachable as %d send(s) left its window: %s", bot_id, len(mine), exc)
+
+
+def _leave(bot_id: int, entries: list[Entry], *, sent: bool) -> None:
     if settings.REDIS_URL:
-        keys = [_window_key(paced.bot_id)] + ([paced.chat_gate[0]] if paced.chat_gate else [])
-        _window_scripts()[1](keys=keys, args=[request_id, paced.chat_gate[1] if paced.chat_gate else 0])
+        gates = [e.chat_gate for e in entries if e.chat_gate]
+        keys = [_window_key(bot_id)] + [g[0] for g in gates]
+        args = ["1" if sent else "0", len(entries), *[e.id for e in entries], *[g[1] for g in gates]]
+        _scripts()[1](keys=keys, args=args)
         return
     with _local_lock:
-        window = _local_windows.get(paced.bot_id, {})
-        if request_id in window:
-            window[request_id] = time.time() + 1
+        window = _local_windows.get(bot_id, {})
+        for entry in entries:
+            if entry.id in window:
+                if sent:
+                    window[entry.id] = time.time() + 1
+                else:
+                    del window[entry.id]
 
 
 @dataclass(frozen=True)
@@ -316,6 +358,8 @@ class Wait:
     seconds: float = 0.0
     slot_reserved: bool = False
     beyond_horizon: bool = False
+    # Given with a go: the send's place in the bot's window, for `leave` after its answer.
+    entry: Entry | None = None
 
 
 GO = Wait()
@@ -329,6 +373,9 @@ def acquire(
     `horizon`: reserve a later slot only this far ahead (default: a broker countdown); with
     SLOT_TOLERANCE_SECONDS, only a slot that is free now, else nothing is reserved.
 
+    A go holds an entry in the bot's window (and the chat's gate): the caller calls `leave`
+    with it once the answer came, or with `sent=False` if it did not send after all.
+
     Waiting is not an attempt: the caller reschedules the send and frees its worker slot.
     A Telegram 429 pause is honoured even with the limiter switched off.
     """
@@ -341,11 +388,7 @@ def acquire(
     # Test the chat first, so that a busy chat does not use up a slot of the whole bot.
     if chat_item is not None and (wait := _chat_test(limiter, chat_item, chat_key)) > 0:
         return Wait(wait)
-    if slot_reserved:
-        paused = bot_paused_for(bot_id)
-        if paused > 0:
-            return Wait(paused)
-    else:
+    if not slot_reserved:
         ahead = policy.MAX_BROKER_COUNTDOWN_SECONDS if horizon is None else horizon
         kind, seconds = reserve_slot(bot_id, bot_rate, horizon=ahead)
         if kind == "paused":
@@ -354,10 +397,19 @@ def acquire(
             return Wait(seconds, beyond_horizon=True)
         if seconds > SLOT_TOLERANCE_SECONDS:
             return Wait(seconds, slot_reserved=True)
-    # The bot's window is not taken here but as the request goes on the wire (outbox.botapi).
-    if chat_item is not None and (wait := _chat_hit(limiter, chat_item, chat_key)) > 0:
+    gate = _chat_gate(chat_item, chat_key) if chat_item is not None else None
+    kind, seconds, entry = _take(bot_id, bot_rate, gate, check_pause=slot_reserved)
+    while kind == "full" and seconds <= WINDOW_WAIT_IN_PLACE_SECONDS:
+        # An entry leaves the window this soon: the send keeps its slot rather than go to
+        # the back of the queue for a new one.
+        time.sleep(seconds)
+        kind, seconds, entry = _take(bot_id, bot_rate, gate, check_pause=True)
+    if entry is None:
+        return Wait(max(0.001, seconds))
+    if chat_item is not None and gate is None and (wait := _chat_hit(limiter, chat_item, chat_key)) > 0:
+        leave([entry], sent=False)
         return Wait(wait)
-    return GO
+    return Wait(entry=entry)
 
 
 def chat_wait(*, bot_id: int, chat_id: int | None) -> float:
@@ -368,37 +420,28 @@ def chat_wait(*, bot_id: int, chat_id: int | None) -> float:
     return _chat_test(_limiter(), parse(chat_limit_for(chat_id)), f"chat:{bot_id}:{chat_id}")
 
 
-# A chat allowed one message per period (a private chat: 1/s) is gated by a Redis key that
-# lives for the period and this margin. Telegram counts a request when it arrives, a few
-# milliseconds after the limiter let it go, and two sends let go exactly a second apart
-# can arrive closer than that: a 429 that pauses the whole bot. Other limits (a group's
-# 20/min) keep the moving window.
-CHAT_GATE_MARGIN_SECONDS = 0.04
-
-
+# A chat allowed one message per period (a private chat: 1/s) is gated by a Redis key, held
+# as a send's window entry is (_TAKE_LUA): from its slot until a period after its answer.
+# Other limits (a group's 20/min) keep the moving window.
 def _chat_gate(item: object, key: str) -> tuple[str, int] | None:
-    """The gate's key and lifetime in ms, for a one-per-period limit with Redis; else None."""
+    """The gate's key and period in ms, for a one-per-period limit with Redis; else None."""
     if not settings.REDIS_URL or getattr(item, "amount", 0) != 1:
         return None
-    lifetime = int((item.get_expiry() + CHAT_GATE_MARGIN_SECONDS) * 1000)  # type: ignore[attr-defined]
-    return f"{settings.DOVECOTE_REDIS_PREFIX}dovecote:chat-gate:{key}", lifetime
+    period = int(item.get_expiry() * 1000)  # type: ignore[attr-defined]
+    return f"{settings.DOVECOTE_REDIS_PREFIX}dovecote:chat-gate:{key}", period
 
 
 def _chat_test(limiter: MovingWindowRateLimiter, item: object, key: str) -> float:
     gate = _chat_gate(item, key)
     if gate is not None:
-        left = redis_client().pttl(gate[0])
+        # Held longer than a period: a send still on the way; look again in a period.
+        left = min(redis_client().pttl(gate[0]), gate[1])
         return left / 1000 if left > 0 else 0.0
     return 0.0 if limiter.test(item, key) else _wait(limiter, item, key)  # type: ignore[arg-type]
 
 
 def _chat_hit(limiter: MovingWindowRateLimiter, item: object, key: str) -> float:
-    """Take the chat's message slot: 0, or how long until it is free."""
-    gate = _chat_gate(item, key)
-    if gate is not None:
-        if redis_client().set(gate[0], b"1", nx=True, px=gate[1]):
-            return 0.0
-        return max(0.01, redis_client().pttl(gate[0]) / 1000)
+    """Take the chat's slot in its moving window (a group's): 0, or how long until it is free."""
     return 0.0 if limiter.hit(item, key) else _wait(limiter, item, key)  # type: ignore[arg-type]
 
 

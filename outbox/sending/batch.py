@@ -274,15 +274,18 @@ def _send(
     pending: set[concurrent.futures.Future[botapi.CallOutcome]] = set()
     deadline = start
     answered = False
+    # Each send's place in the bot's window, from its slot until its answer (ratelimit.leave).
+    entries: dict[int, ratelimit.Entry] = {}
     sent_before = report.sent
     while schedule or pending:
         now = time.monotonic()
         due = [m for m, delay in schedule if start + delay <= now + ratelimit.SLOT_TOLERANCE_SECONDS]
         if due:
             schedule = schedule[len(due) :]
-            due, held = _window(bot, due, worker=worker, report=report, held=held)
+            due, held = _window(bot, due, worker=worker, report=report, held=held, entries=entries)
             begun = transitions.begin_attempts(due, worker=worker)
             attempts.update(begun)
+            ratelimit.leave([entries.pop(m.pk) for m in due if m.pk not in begun and m.pk in entries], sent=False)
             failpoint("before_request")
             for message in due:
                 if message.pk in begun:
@@ -292,7 +295,6 @@ def _send(
                         method=message.method,
                         params={"chat_id": message.chat_id, **message.payload},
                         bot_name=bot.name,
-                        paced_by=ratelimit.pacing(bot.pk, bot.rate_limit, limited_chat_id(message)),
                     )
                     futures[future] = message
                     pending.add(future)
@@ -320,6 +322,9 @@ def _send(
             pending = set()
         else:
             outcomes = [(futures[f], f.result()) for f in done]
+            # Before the outcomes are recorded: a chat's next message, handed on by its
+            # outcome, finds the chat's gate as the answer left it.
+            ratelimit.leave([entries.pop(m.pk) for m, _ in outcomes if m.pk in entries])
         held = with_outcome_write_retries(
             lambda outcomes=outcomes, held=held: _record(
                 outcomes, attempts, worker=worker, report=report, held=held, next_in_chat=next_in_chat
@@ -333,10 +338,17 @@ def _send(
 
 
 def _window(
-    bot, messages: list[OutboundMessage], *, worker: str, report: DrainReport, held: float | None
+    bot,
+    messages: list[OutboundMessage],
+    *,
+    worker: str,
+    report: DrainReport,
+    held: float | None,
+    entries: dict[int, ratelimit.Entry],
 ) -> tuple[list[OutboundMessage], float | None]:
-    """At their slot: the chat's own limit, a 429 pause and the bot's moving window, as the
-    single send checks them with a reserved slot. Those refused wait with a wake-up of their own."""
+    """At their slot: the chat's own limit, a 429 pause and the bot's window, as the single
+    send checks them with a reserved slot; each one that may go gets its window entry in
+    `entries`. Those refused wait with a wake-up of their own."""
     if not settings.DOVECOTE_RATE_LIMITS_ENABLED:
         return messages, held
     go: list[OutboundMessage] = []
@@ -358,6 +370,8 @@ def _window(
             waits.append((message, wait))
         else:
             go.append(message)
+            if wait.entry is not None:
+                entries[message.pk] = wait.entry
     longest = _hold(waits, worker=worker, report=report)
     if longest is not None:
         held = max(held or 0.0, time.monotonic() + longest)

@@ -78,11 +78,14 @@ def outbound_message_send(message_id: int, *, slot_reserved: bool = False, only_
             return SendResult("rate-limited")  # the sweeper dispatches it when due
         return SendResult("rate-limited", wait.seconds, slot_reserved=wait.slot_reserved)
 
+    # The send's place in the bot's window (and its chat's gate), until its answer came.
+    entries = [wait.entry] if wait.entry else []
     lease = timedelta(seconds=settings.DOVECOTE_SEND_LEASE_SECONDS)
     # The claim also checks that nobody changed the row since it was read (updated_at), so
     # the row in hand is what gets sent; otherwise claim as usual and read it again.
     if not _claim(message.pk, worker=worker, lease=lease, unchanged_since=message.updated_at):
         if not _claim(message.pk, worker=worker, lease=lease):
+            ratelimit.leave(entries, sent=False)
             return SendResult("claimed-elsewhere")
         failpoint("after_claim")
         message = OutboundMessage.objects.select_related("bot").get(pk=message.pk)
@@ -92,12 +95,14 @@ def outbound_message_send(message_id: int, *, slot_reserved: bool = False, only_
 
     stop = cancel_reason(message, now=now)  # expiry was checked before the claim: a veto
     if stop:
+        ratelimit.leave(entries, sent=False)
         transitions.cancel_claimed(message, worker=worker, reason=stop[0], error_class=stop[1])
         kick_chat(message)
         return SendResult("vetoed")
 
     attempt = transitions.begin_attempts([message], worker=worker).get(message.pk)
     if attempt is None:
+        ratelimit.leave(entries, sent=False)
         return SendResult("lease-lost")
     failpoint("before_request")
     outcome = botapi.call(
@@ -106,8 +111,10 @@ def outbound_message_send(message_id: int, *, slot_reserved: bool = False, only_
         method=message.method,
         params={"chat_id": message.chat_id, **message.payload},
         bot_name=message.bot.name,
-        paced_by=ratelimit.pacing(message.bot_id, message.bot.rate_limit, limited_chat_id(message)),
     )
+    # Left before the outcome is recorded: the chat's next message, handed on by it, finds
+    # the chat's gate as the answer left it.
+    ratelimit.leave(entries)
     failpoint("after_response")
     result = with_outcome_write_retries(
         lambda: record_outcome(message, worker=worker, attempt=attempt, outcome=outcome), message_ids=[message.pk]

@@ -313,18 +313,20 @@ def test_requests_arriving_late_and_unevenly_still_keep_within_the_bots_limit(bo
 
 
 @pytest.mark.django_db
-def test_a_request_counts_in_the_bots_window_until_a_second_after_its_answer(bot) -> None:
-    two = ratelimit.Pacing(bot.pk, 2)
-    assert ratelimit.enter_window(two, "a", longest=30) == 0
-    assert ratelimit.enter_window(two, "b", longest=30) == 0
+def test_a_send_counts_in_the_bots_window_until_a_second_after_its_answer(bot) -> None:
+    sends = [ratelimit.acquire(bot_id=bot.pk, bot_rate=2, chat_id=None, slot_reserved=True) for _ in range(2)]
+    assert [w.seconds for w in sends] == [0, 0]
     # Both still on the way, however long they take (a worker that died with one in
     # flight leaves it there for the longest wait of a caller): a third waits.
-    assert ratelimit.enter_window(two, "c", longest=30) > 30
+    third = ratelimit.acquire(bot_id=bot.pk, bot_rate=2, chat_id=None, slot_reserved=True)
+    assert third.seconds > 30
+    assert third.entry is None
 
-    ratelimit.leave_window(two, "a")
+    ratelimit.leave([sends[0].entry])
 
-    assert 0.9 < ratelimit.enter_window(two, "c", longest=30) <= 1.0
-    assert ratelimit.enter_window(ratelimit.Pacing(bot.pk, 3), "c", longest=30) == 0  # a higher limit has room
+    assert 0.9 < ratelimit.acquire(bot_id=bot.pk, bot_rate=2, chat_id=None, slot_reserved=True).seconds <= 1.0
+    ratelimit.leave([sends[1].entry], sent=False)  # it never went: its place is free at once
+    assert ratelimit.acquire(bot_id=bot.pk, bot_rate=2, chat_id=None, slot_reserved=True).seconds == 0
 
 
 @pytest.mark.django_db(transaction=True)
@@ -341,13 +343,18 @@ def test_the_per_chat_limit_is_shared_by_concurrent_workers(bot_factory, sandbox
 
 
 @pytest.mark.django_db
-def test_a_private_chats_next_message_waits_its_second_and_a_margin(bot) -> None:
-    # Telegram counts a request when it arrives, a few ms after the limiter let it go: two
-    # sends let go exactly a second apart could arrive closer and cost the bot a 429.
-    assert ratelimit.acquire(bot_id=bot.pk, bot_rate=30, chat_id=31).seconds == 0
+def test_a_private_chats_next_message_waits_a_second_from_the_answer_to_the_one_before(bot) -> None:
+    # Telegram counts a request when it arrives, somewhere between its send and its answer:
+    # a second from the send could be less than a second from its arrival, and a 429
+    # pauses the whole bot.
+    first = ratelimit.acquire(bot_id=bot.pk, bot_rate=30, chat_id=31)
+    assert first.seconds == 0
+    assert ratelimit.acquire(bot_id=bot.pk, bot_rate=30, chat_id=31).seconds > 0  # still on the way
+    time.sleep(0.3)
 
-    assert ratelimit.chat_wait(bot_id=bot.pk, chat_id=31) > 1.0
-    assert ratelimit.acquire(bot_id=bot.pk, bot_rate=30, chat_id=31).seconds > 1.0
+    ratelimit.leave([first.entry])
+
+    assert 0.9 < ratelimit.chat_wait(bot_id=bot.pk, chat_id=31) <= 1.0
     assert ratelimit.chat_wait(bot_id=bot.pk, chat_id=32) == 0  # another chat is free
 
 
