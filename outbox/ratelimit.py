@@ -385,8 +385,14 @@ def acquire(
     limiter = _limiter()
     chat_item = parse(chat_limit_for(chat_id)) if chat_id is not None else None
     chat_key = f"chat:{bot_id}:{chat_id}"
-    # Test the chat first, so that a busy chat does not use up a slot of the whole bot.
-    if chat_item is not None and (wait := _chat_test(limiter, chat_item, chat_key)) > 0:
+    gate = _chat_gate(chat_item, chat_key) if chat_item is not None else None
+    # Test the chat first, so that a busy chat does not use up a slot of the whole bot (with
+    # its slot already held, the window's script takes the chat's gate or says how long).
+    if (
+        chat_item is not None
+        and not (slot_reserved and gate)
+        and (wait := _chat_test(limiter, chat_item, chat_key)) > 0
+    ):
         return Wait(wait)
     if not slot_reserved:
         ahead = policy.MAX_BROKER_COUNTDOWN_SECONDS if horizon is None else horizon
@@ -397,7 +403,6 @@ def acquire(
             return Wait(seconds, beyond_horizon=True)
         if seconds > SLOT_TOLERANCE_SECONDS:
             return Wait(seconds, slot_reserved=True)
-    gate = _chat_gate(chat_item, chat_key) if chat_item is not None else None
     kind, seconds, entry = _take(bot_id, bot_rate, gate, check_pause=slot_reserved)
     while kind == "full" and seconds <= WINDOW_WAIT_IN_PLACE_SECONDS:
         # An entry leaves the window this soon: the send keeps its slot rather than go to
