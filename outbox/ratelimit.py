@@ -215,7 +215,7 @@ def reserve_slots(bot_id: int, rate: float, n: int, *, horizon: float) -> list[f
 # moment it takes its slot until a second after its answer came: at most `rate` entries at
 # once means at most `rate` arrivals in any second, however late each one arrived. An entry
 # whose answer never comes (its process died) stays for the longest a caller waits for an
-# answer. A private chat's gate is held the same way. Redis's clock; a sorted set of entries
+# answer (or its lease). A private chat's gate is held the same way. Redis's clock; a sorted set of entries
 # scored by when each one leaves the window; a 429's pause and the chat's gate are checked
 # in the same call.
 _TAKE_LUA = """
@@ -266,10 +266,12 @@ return 1
 _local_windows: dict[int, dict[str, float]] = {}
 
 
-# How long a send waits for its answer at most (outbox.botapi.send_timeout()): an entry
-# whose answer never comes leaves the window after it.
 def _longest_wait() -> float:
-    return settings.DOVECOTE_TELEGRAM_CONNECT_TIMEOUT + settings.DOVECOTE_TELEGRAM_READ_TIMEOUT * 2 + 5
+    """How long an entry whose answer never comes stays: the longest a sender waits for an
+    answer (outbox.botapi.send_timeout()), or the send's lease if shorter - past it the
+    sweeper takes the send for lost, and its message may be sent again."""
+    waits = settings.DOVECOTE_TELEGRAM_CONNECT_TIMEOUT + settings.DOVECOTE_TELEGRAM_READ_TIMEOUT * 2 + 5
+    return min(waits, float(settings.DOVECOTE_SEND_LEASE_SECONDS))
 
 
 @cache
