@@ -469,11 +469,50 @@ def close_dead_letter(letter_id: int, *, status: str, note: str) -> bool:
 
 
 def cancel(message_id: int, *, reason: str, error_class: str = "") -> bool:
-    """pending|retry -> cancelled. False when it is already sending, sent or final."""
+    """pending|retry -> cancelled. False when it is already sending, sent or final.
+
+    Expired or vetoed after an attempt whose outcome nobody knows (an `on_ambiguous=resend`
+    message resent with its key), the message may well be in the chat: it becomes unknown
+    with a case instead (`_unknown_instead`), never `cancelled`."""
+    if error_class in _SYSTEM_CANCELS and _maybe_delivered(message_id):
+        return _unknown_instead(OutboundMessage.objects.filter(pk=message_id, state__in=WAITING), reason=reason)
     n = OutboundMessage.objects.filter(pk=message_id, state__in=WAITING).update(
         state=State.CANCELLED, cancel_reason=reason[:2000], last_error_class=error_class, updated_at=timezone.now()
     )
     return n == 1
+
+
+# Cancels the outbox decides on its own (not an operator's or a client's): an expired message,
+# one the relevance check vetoes.
+_SYSTEM_CANCELS = frozenset({ErrorClass.EXPIRED, "vetoed"})
+
+
+def _maybe_delivered(message_id: int) -> bool:
+    """An earlier attempt of this message may have reached the chat (its outcome is unknown)."""
+    return Attempt.objects.filter(message_id=message_id, outcome=ErrorClass.AMBIGUOUS).exists()
+
+
+def _unknown_instead(rows: Any, *, reason: str) -> bool:
+    """-> unknown, with a reconciliation case, for a message that is ending unsent while an
+    earlier attempt may have delivered it: cancelled would say it is not in the chat."""
+    now = timezone.now()
+    why = f"{reason}, after an attempt whose outcome is unknown: it may be in the chat; not sent again"
+    with transaction.atomic():
+        message = rows.select_for_update().first()
+        if message is None:
+            return False
+        OutboundMessage.objects.filter(pk=message.pk).update(
+            state=State.UNKNOWN,
+            updated_at=now,
+            lease_owner="",
+            lease_expires_at=None,
+            last_error=why[:2000],
+            last_error_class=ErrorClass.AMBIGUOUS,
+        )
+        message.state = State.UNKNOWN
+        facts = {"attempts": message.attempts, "last_error": why[:500], "at": now.isoformat()}
+        message_ambiguous.send(sender=OutboundMessage, message=message, facts=facts)
+    return True
 
 
 def cancel_broadcast_batch(*, bot_id: int, broadcast: str, reason: str, batch: int = 5000) -> list[int]:
@@ -500,7 +539,13 @@ def cancel_broadcast_batch(*, bot_id: int, broadcast: str, reason: str, batch: i
 
 
 def cancel_claimed(message: OutboundMessage, *, worker: str, reason: str, error_class: str = "") -> bool:
-    """sending -> cancelled before any request (expired, or vetoed by the relevance check)."""
+    """sending -> cancelled before any request (expired, or vetoed by the relevance check);
+    unknown instead after an attempt whose outcome nobody knows (see `cancel`)."""
+    if error_class in _SYSTEM_CANCELS and _maybe_delivered(message.pk):
+        if _unknown_instead(_owned(message, worker), reason=reason):
+            message.state = State.UNKNOWN
+            return True
+        return False
     n = _owned(message, worker).update(
         state=State.CANCELLED,
         cancel_reason=reason[:2000],

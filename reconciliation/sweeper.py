@@ -114,6 +114,8 @@ def messages_to_auto_resend_qs(now: datetime) -> QuerySet[OutboundMessage]:
     return OutboundMessage.objects.filter(
         reconciliation_services.RESEND_BUDGET_LEFT,
         Exists(open_case),
+        # An expired message is not resent by policy: it would only expire again.
+        Q(expires_at__isnull=True) | Q(expires_at__gt=now),
         state=State.UNKNOWN,
         updated_at__lte=now - delay,
         on_ambiguous=OnAmbiguous.RESEND,

@@ -31,7 +31,9 @@ FIXED_SEEDS = [1, 2, 3]
 # Seeds that once broke the promise, kept as regressions (see docs/RELIABILITY.md):
 # 9 - a consumer run held by the killed worker (the echo reply to a webhook message) must be
 #     released and answered once its lease runs out.
-REGRESSION_SEEDS: list[int] = [9]
+# 133 - an `on_ambiguous=resend` message delivered with its answer lost, resent, then expired
+#     during 504s, must end unknown with a case, not cancelled.
+REGRESSION_SEEDS: list[int] = [9, 133]
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -140,6 +140,47 @@ def test_policy_resend_waits_the_delay_then_resends_and_says_a_duplicate_is_poss
     assert len(sandbox.messages(token=bot.token)) == 2
 
 
+def test_a_resent_message_that_expires_is_unknown_with_a_case_not_cancelled(bot, sandbox) -> None:
+    # Found by the fault schedule of seed 133: delivered, its answer lost, resent by policy,
+    # then expired while Telegram answered 504s: "cancelled" said it never reached the chat.
+    message = lost_answer(
+        bot, sandbox, on_ambiguous=OnAmbiguous.RESEND, expires_at=timezone.now() + timedelta(seconds=2)
+    )
+    with override_settings(**NO_WAIT):
+        assert sweep()["messages_auto_resent"] == 1
+    wait_until(lambda: timezone.now() > message.expires_at, timeout=5)
+
+    with override_settings(**NO_WAIT):
+        assert sweep()["messages_expired"] == 1
+        assert sweep()["messages_auto_resent"] == 0  # expired: not resent by policy either
+
+    message.refresh_from_db()
+    assert message.state == State.UNKNOWN
+    assert "may be in the chat" in message.last_error
+    case = ReconciliationCase.objects.get(message=message, status=CaseStatus.OPEN)
+    assert case.known_facts["attempts"] == 1
+    assert len(sandbox.messages(token=bot.token)) == 1
+
+
+def test_a_message_that_expires_without_an_unknown_attempt_is_cancelled(bot, sandbox) -> None:
+    sandbox.fault("504", count=1)
+    message, _ = outbound_message_enqueue(
+        bot_id=bot.pk,
+        chat_id=4243,
+        payload={"text": "Your order is confirmed"},
+        idempotency_key="order-2",
+        expires_at=timezone.now() + timedelta(seconds=1),
+    )
+    assert outbound_message_send(message.pk).status == "retry"
+    wait_until(lambda: timezone.now() > message.expires_at, timeout=5)
+
+    assert sweep()["messages_expired"] == 1
+
+    message.refresh_from_db()
+    assert message.state == State.CANCELLED
+    assert not ReconciliationCase.objects.filter(message=message).exists()
+
+
 def test_policy_resend_stops_when_the_budget_is_spent(bot, sandbox) -> None:
     message = lost_answer(bot, sandbox, on_ambiguous=OnAmbiguous.RESEND, max_attempts=1)
     with override_settings(**NO_WAIT):
