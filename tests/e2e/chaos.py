@@ -475,11 +475,17 @@ def resolve_rows(run: Run) -> None:
 
 
 def _resendable_unknown(bot_ids: list[int]) -> int:
+    """Unknown messages their `resend` policy will still resend: budget left, not expired."""
     from django.db.models import F
+    from django.utils import timezone
 
-    return OutboundMessage.objects.filter(
-        bot_id__in=bot_ids, state=State.UNKNOWN, on_ambiguous=OnAmbiguous.RESEND, attempts__lt=F("max_attempts")
-    ).count()
+    return (
+        OutboundMessage.objects.filter(
+            bot_id__in=bot_ids, state=State.UNKNOWN, on_ambiguous=OnAmbiguous.RESEND, attempts__lt=F("max_attempts")
+        )
+        .filter(Q(expires_at__isnull=True) | Q(expires_at__gt=timezone.now()))
+        .count()
+    )
 
 
 def settle(run: Run, *, timeout: float = SETTLE_SECONDS) -> None:
