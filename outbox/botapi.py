@@ -38,7 +38,7 @@ from telegram import error as tg_error
 from telegram.request import HTTPXRequest
 from telegram.warnings import PTBUserWarning
 
-from outbox import metrics
+from outbox import metrics, policy
 from outbox.models import ErrorClass
 
 logger = logging.getLogger(__name__)
@@ -162,7 +162,7 @@ def api_base_url(bot_api_base_url: str) -> str:
 
 
 def _default_timeout() -> float:
-    return settings.DOVECOTE_TELEGRAM_CONNECT_TIMEOUT + settings.DOVECOTE_TELEGRAM_READ_TIMEOUT * 2 + 5
+    return policy.answer_wait_seconds()
 
 
 def run_sync(coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:

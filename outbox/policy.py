@@ -11,6 +11,11 @@ FREE_RATE_LIMITED_ATTEMPTS = 20
 MAX_BROKER_COUNTDOWN_SECONDS = 60.0
 
 
+def answer_wait_seconds() -> float:
+    """How long a sender waits for a Bot API call's answer before calling it ambiguous."""
+    return settings.DOVECOTE_TELEGRAM_CONNECT_TIMEOUT + settings.DOVECOTE_TELEGRAM_READ_TIMEOUT * 2 + 5
+
+
 def backoff_seconds(attempt: int, *, base: float | None = None, cap: float | None = None) -> float:
     """Full jitter (AWS architecture blog): uniform in [0, min(cap, base * 2**(attempt-1))],
     never below a tenth of the base so that a retry is never immediate."""

@@ -2,10 +2,10 @@
 
 A bot's sends are paced by slots one interval apart (_RESERVE_LUA) and counted in a window
 from the moment each takes its slot until a second after its answer (_TAKE_LUA), both on
-Redis's clock; a chat's own limit is a
-gate key (1/s) or a moving window from `limits` (a group's 20/min). A 429's retry_after
-pauses the whole bot (flood control is per bot) through a key with a TTL, which wins over
-the limiter's own accounting. Without REDIS_URL (the demo) the state is per process.
+Redis's clock; a chat's own limit is a gate key (1/s) or a moving window from `limits` (a
+group's 20/min). A 429's retry_after pauses the whole bot (flood control is per bot)
+through a key with a TTL, which wins over the limiter's own accounting. Without REDIS_URL
+(the demo) the state is per process.
 """
 
 from __future__ import annotations
@@ -214,10 +214,9 @@ def reserve_slots(bot_id: int, rate: float, n: int, *, horizon: float) -> list[f
 # with one too many is a 429 that holds the whole bot. So each send is an entry from the
 # moment it takes its slot until a second after its answer came: at most `rate` entries at
 # once means at most `rate` arrivals in any second, however late each one arrived. An entry
-# whose answer never comes (its process died) stays for the longest a caller waits for an
-# answer (or its lease). A private chat's gate is held the same way. Redis's clock; a sorted set of entries
-# scored by when each one leaves the window; a 429's pause and the chat's gate are checked
-# in the same call.
+# whose answer never comes (its process died) stays for `_longest_wait()`. A private chat's
+# gate is held the same way. Redis's clock; a sorted set of entries scored by when each one
+# leaves the window; a 429's pause and the chat's gate are checked in the same call.
 _TAKE_LUA = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
@@ -268,10 +267,9 @@ _local_windows: dict[int, dict[str, float]] = {}
 
 def _longest_wait() -> float:
     """How long an entry whose answer never comes stays: the longest a sender waits for an
-    answer (outbox.botapi.send_timeout()), or the send's lease if shorter - past it the
-    sweeper takes the send for lost, and its message may be sent again."""
-    waits = settings.DOVECOTE_TELEGRAM_CONNECT_TIMEOUT + settings.DOVECOTE_TELEGRAM_READ_TIMEOUT * 2 + 5
-    return min(waits, float(settings.DOVECOTE_SEND_LEASE_SECONDS))
+    answer, or the send's lease if shorter - past it the sweeper takes the send for lost,
+    and its message may be sent again."""
+    return min(policy.answer_wait_seconds(), float(settings.DOVECOTE_SEND_LEASE_SECONDS))
 
 
 @cache

@@ -421,28 +421,31 @@ def mark_unknown(
 ) -> bool:
     """sending -> unknown: the request may have reached Telegram. Opens a reconciliation
     case through `message_ambiguous`; never resent automatically unless on_ambiguous=resend."""
-    now = timezone.now()
     with transaction.atomic():
         if attempt is not None:
             finish_attempt(attempt, outcome)
         rows = _owned(message, worker) if worker else OutboundMessage.objects.filter(pk=message.pk, state=State.SENDING)
-        n = rows.update(
-            state=State.UNKNOWN,
-            updated_at=now,
-            lease_owner="",
-            lease_expires_at=None,
-            last_error=outcome.description[:2000],
-            last_error_class=ErrorClass.AMBIGUOUS,
-        )
-        if n != 1:
-            return False
-        message.state = State.UNKNOWN
-        facts = {
-            "attempts": message.attempts,
-            "last_error": outcome.description[:500],
-            "at": now.isoformat(),
-        }
-        message_ambiguous.send(sender=OutboundMessage, message=message, facts=facts)
+        return _to_unknown(rows, message, description=outcome.description)
+
+
+def _to_unknown(rows: Any, message: OutboundMessage, *, description: str) -> bool:
+    """The `unknown` step of `mark_unknown` and `_unknown_instead`: `rows` (the message, in
+    the state it must still be in) -> unknown, and its case opened through
+    `message_ambiguous`. Call inside a transaction."""
+    now = timezone.now()
+    n = rows.update(
+        state=State.UNKNOWN,
+        updated_at=now,
+        lease_owner="",
+        lease_expires_at=None,
+        last_error=description[:2000],
+        last_error_class=ErrorClass.AMBIGUOUS,
+    )
+    if n != 1:
+        return False
+    message.state = State.UNKNOWN
+    facts = {"attempts": message.attempts, "last_error": description[:500], "at": now.isoformat()}
+    message_ambiguous.send(sender=OutboundMessage, message=message, facts=facts)
     return True
 
 
@@ -475,7 +478,9 @@ def cancel(message_id: int, *, reason: str, error_class: str = "") -> bool:
     message resent with its key), the message may well be in the chat: it becomes unknown
     with a case instead (`_unknown_instead`), never `cancelled`."""
     if error_class in _SYSTEM_CANCELS and _maybe_delivered(message_id):
-        return _unknown_instead(OutboundMessage.objects.filter(pk=message_id, state__in=WAITING), reason=reason)
+        rows = OutboundMessage.objects.filter(pk=message_id, state__in=WAITING)
+        message = rows.first()
+        return message is not None and _unknown_instead(message, rows, reason=reason)
     n = OutboundMessage.objects.filter(pk=message_id, state__in=WAITING).update(
         state=State.CANCELLED, cancel_reason=reason[:2000], last_error_class=error_class, updated_at=timezone.now()
     )
@@ -492,27 +497,12 @@ def _maybe_delivered(message_id: int) -> bool:
     return Attempt.objects.filter(message_id=message_id, outcome=ErrorClass.AMBIGUOUS).exists()
 
 
-def _unknown_instead(rows: Any, *, reason: str) -> bool:
+def _unknown_instead(message: OutboundMessage, rows: Any, *, reason: str) -> bool:
     """-> unknown, with a reconciliation case, for a message that is ending unsent while an
     earlier attempt may have delivered it: cancelled would say it is not in the chat."""
-    now = timezone.now()
     why = f"{reason}, after an attempt whose outcome is unknown: it may be in the chat; not sent again"
     with transaction.atomic():
-        message = rows.select_for_update().first()
-        if message is None:
-            return False
-        OutboundMessage.objects.filter(pk=message.pk).update(
-            state=State.UNKNOWN,
-            updated_at=now,
-            lease_owner="",
-            lease_expires_at=None,
-            last_error=why[:2000],
-            last_error_class=ErrorClass.AMBIGUOUS,
-        )
-        message.state = State.UNKNOWN
-        facts = {"attempts": message.attempts, "last_error": why[:500], "at": now.isoformat()}
-        message_ambiguous.send(sender=OutboundMessage, message=message, facts=facts)
-    return True
+        return _to_unknown(rows, message, description=why)
 
 
 def cancel_broadcast_batch(*, bot_id: int, broadcast: str, reason: str, batch: int = 5000) -> list[int]:
@@ -542,10 +532,7 @@ def cancel_claimed(message: OutboundMessage, *, worker: str, reason: str, error_
     """sending -> cancelled before any request (expired, or vetoed by the relevance check);
     unknown instead after an attempt whose outcome nobody knows (see `cancel`)."""
     if error_class in _SYSTEM_CANCELS and _maybe_delivered(message.pk):
-        if _unknown_instead(_owned(message, worker), reason=reason):
-            message.state = State.UNKNOWN
-            return True
-        return False
+        return _unknown_instead(message, _owned(message, worker), reason=reason)
     n = _owned(message, worker).update(
         state=State.CANCELLED,
         cancel_reason=reason[:2000],

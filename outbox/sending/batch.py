@@ -184,7 +184,7 @@ def _take_slots(
     the drain's next batch."""
     try:
         return _slots_from_limiter(bot, messages, worker=worker, report=report, horizon=horizon)
-    except LIMITER_ERRORS as exc:
+    except ratelimit.LIMITER_ERRORS as exc:
         return [], _limiter_unreachable(messages, worker=worker, report=report, exc=exc)
 
 
@@ -225,8 +225,8 @@ def _slots_from_limiter(
     return go, None
 
 
-# When Redis, which holds the limiter, does not answer, the claimed messages go back to waiting.
-LIMITER_ERRORS = ratelimit.LIMITER_ERRORS
+# When Redis, which holds the limiter, does not answer, the claimed messages go back to
+# waiting and are looked at again after this long.
 LIMITER_RETRY_SECONDS = 1.0
 
 
@@ -361,7 +361,7 @@ def _window(
                 chat_id=limited_chat_id(message),
                 slot_reserved=True,
             )
-        except LIMITER_ERRORS as exc:
+        except ratelimit.LIMITER_ERRORS as exc:
             # This one and the rest of the slot wait; those already out are recorded as usual.
             logger.warning("rate limiter unreachable (%s): %d message(s) go back to waiting", exc, len(messages) - n)
             waits += [(m, ratelimit.Wait(LIMITER_RETRY_SECONDS)) for m in messages[n:]]

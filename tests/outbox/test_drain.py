@@ -155,14 +155,14 @@ def test_under_the_rate_limit_a_drain_paces_the_bot_and_then_hands_the_worker_ba
 
     report = batch.outbound_messages_drain(bot.pk)
 
-    # About two seconds of sends at the bot's pace (93 % of 5/s), then a continuation.
+    # About two seconds of sends at the bot's pace (96 % of 5/s), then a continuation.
     assert 8 <= report.sent <= 12, report
     assert report.deferred == 0
     assert report.continuation is not None
     assert queued_tasks() == ["outbox.drain_bot"]  # no task per message
     calls = sorted(c["at"] for c in sandbox.calls(token=bot.token, method="sendMessage"))
     assert len(calls) == report.sent
-    # One slot apart (1 / (0.93 * 5) = 0.215 s), give or take the requests' jitter.
+    # One slot apart (1 / (0.96 * 5) = 0.208 s), give or take the requests' jitter.
     assert min(b - a for a, b in itertools.pairwise(calls)) > 0.15
     left = OutboundMessage.objects.filter(pk__in=[m.pk for m in messages], state=State.PENDING)
     assert left.count() == 16 - report.sent
