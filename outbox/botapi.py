@@ -12,7 +12,9 @@ coroutines to it.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
+import contextlib
 import contextvars
 import inspect
 import logging
@@ -26,8 +28,6 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-import httpx
-
 # Opt in to PTB 22's future type for RetryAfter.retry_after (a timedelta); _seconds() reads
 # either, and without this every 429 logs a deprecation warning.
 os.environ.setdefault("PTB_TIMEDELTA", "1")
@@ -35,10 +35,9 @@ os.environ.setdefault("PTB_TIMEDELTA", "1")
 import telegram
 from django.conf import settings
 from telegram import error as tg_error
-from telegram.request import HTTPXRequest
 from telegram.warnings import PTBUserWarning
 
-from outbox import metrics, policy
+from outbox import metrics, policy, telegram_http
 from outbox.models import ErrorClass
 
 logger = logging.getLogger(__name__)
@@ -84,10 +83,30 @@ class _ProcessLoop:
     def loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:
             if self._loop is None or self._pid != os.getpid():
+                if self._loop is None:
+                    atexit.register(self._close)
+                # A forked child's inherited clients belong to the parent's loop: kept, never
+                # used or finalised here (their sockets are the parent's).
+                _inherited.extend(self._bots.values())
                 loop = asyncio.new_event_loop()
                 threading.Thread(target=loop.run_forever, name="telegram-loop", daemon=True).start()
                 self._loop, self._pid, self._bots = loop, os.getpid(), {}
             return self._loop
+
+    def _close(self) -> None:
+        """At exit: close this process's HTTP sessions on their loop (aiohttp warns about
+        sessions left open)."""
+        loop, bots = self._loop, list(self._bots.values())
+        if loop is None or self._pid != os.getpid() or not loop.is_running() or not bots:
+            return
+
+        async def close() -> None:
+            for bot in bots:
+                await bot.request.shutdown()
+                await bot._request[0].shutdown()
+
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(close(), loop).result(2)
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
         future = asyncio.run_coroutine_threadsafe(coro, self.loop())
@@ -116,27 +135,25 @@ class _ProcessLoop:
 _last_status: contextvars.ContextVar[int | None] = contextvars.ContextVar("last_status", default=None)
 
 
-class _StatusRecordingRequest(HTTPXRequest):
+class _StatusRecordingRequest(telegram_http.AiohttpRequest):
     async def do_request(self, *args: Any, **kwargs: Any) -> tuple[int, bytes]:
         code, payload = await super().do_request(*args, **kwargs)
         _last_status.set(code)
         return code, payload
 
 
-def _request(read_timeout: float | None = -1.0) -> HTTPXRequest:
+def _request(read_timeout: float | None = -1.0) -> telegram_http.AiohttpRequest:
     # As many connections as a process has requests in flight (a drain's batch; a single
-    # send has one): httpcore checks every pooled connection's socket for each request it
-    # places, so idle extra connections cost CPU on every send (a quarter of the Telegram
-    # loop's time with 32).
+    # send has one).
     return _StatusRecordingRequest(
         connection_pool_size=max(4, settings.DOVECOTE_DRAIN_BATCH_SIZE),
         connect_timeout=settings.DOVECOTE_TELEGRAM_CONNECT_TIMEOUT,
         read_timeout=settings.DOVECOTE_TELEGRAM_READ_TIMEOUT if read_timeout == -1.0 else read_timeout,
-        write_timeout=settings.DOVECOTE_TELEGRAM_READ_TIMEOUT,
         pool_timeout=settings.DOVECOTE_TELEGRAM_CONNECT_TIMEOUT,
     )
 
 
+_inherited: list[telegram.Bot] = []
 _process_loop = _ProcessLoop()
 
 
@@ -291,7 +308,7 @@ def classify(exc: BaseException) -> CallOutcome:
 
     Order matters: BadRequest, Forbidden, ChatMigrated and TimedOut are all NetworkError
     subclasses, and a TimedOut or NetworkError is "never sent" or "maybe delivered"
-    depending on the httpx exception underneath.
+    depending on the transport's exception underneath (outbox/telegram_http.py).
     """
     description = str(exc)
     if isinstance(exc, tg_error.RetryAfter):
@@ -334,11 +351,10 @@ def classify(exc: BaseException) -> CallOutcome:
     cause = exc.__cause__
     if isinstance(exc, tg_error.TimedOut):
         # Connect and pool timeouts happen before a byte of the request is sent.
-        never_sent = isinstance(cause, httpx.ConnectTimeout | httpx.PoolTimeout)
         return CallOutcome(
             ok=False,
-            error_class=ErrorClass.TRANSIENT if never_sent else ErrorClass.AMBIGUOUS,
-            description=f"{description} ({type(cause).__name__ if cause else 'timeout'})",
+            error_class=ErrorClass.TRANSIENT if telegram_http.never_sent(cause) else ErrorClass.AMBIGUOUS,
+            description=f"{description} ({telegram_http.failure_name(cause)})",
         )
     if isinstance(exc, tg_error.NetworkError):
         if cause is None:
@@ -347,11 +363,10 @@ def classify(exc: BaseException) -> CallOutcome:
             match = _STATUS_IN_MESSAGE.search(description)
             status = int(match.group(1)) if match else None
             return CallOutcome(ok=False, error_class=ErrorClass.TRANSIENT, http_status=status, description=description)
-        if isinstance(cause, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout):
+        if telegram_http.never_sent(cause):
             return CallOutcome(ok=False, error_class=ErrorClass.TRANSIENT, description=f"{description} (never sent)")
-        # RemoteProtocolError, ReadError, WriteError...: the request may have arrived.
-        return CallOutcome(
-            ok=False, error_class=ErrorClass.AMBIGUOUS, description=f"{description} ({type(cause).__name__})"
-        )
+        # The server hung up, a reset, a broken answer...: the request may have arrived.
+        name = telegram_http.failure_name(cause)
+        return CallOutcome(ok=False, error_class=ErrorClass.AMBIGUOUS, description=f"{description} ({name})")
     # E.g. "Invalid server response": something answered, we cannot tell what was done.
     return CallOutcome(ok=False, error_class=ErrorClass.AMBIGUOUS, description=f"{type(exc).__name__}: {description}")

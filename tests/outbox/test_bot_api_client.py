@@ -1,0 +1,52 @@
+"""The outbox's HTTP layer under python-telegram-bot (outbox/telegram_http.py), against the
+Bot API sandbox over HTTP: what HTTPXRequest did, it still does."""
+
+from __future__ import annotations
+
+import pytest
+from telegram import InputFile
+
+from outbox import botapi
+from outbox.models import ErrorClass, State
+from outbox.sending import single
+from tests.outbox.helpers import enqueue
+from tests.support import free_port
+
+pytestmark = pytest.mark.django_db
+
+
+def test_a_proxy_from_the_environment_is_used_and_no_proxy_is_honoured(bot_factory, sandbox, monkeypatch) -> None:
+    # A proxy nobody listens on: a request that goes through it is refused before it is sent.
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{free_port()}")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    proxied = bot_factory()  # a new token: a new HTTP client, which reads the environment
+    message = enqueue(proxied, text="via the proxy")
+
+    assert single.outbound_message_send(message.pk).status == "retry"
+    message.refresh_from_db()
+    assert (message.state, message.last_error_class) == (State.RETRY, ErrorClass.TRANSIENT)
+    assert "never sent" in message.last_error
+    assert sandbox.calls(token=proxied.token) == []
+
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    direct = bot_factory()
+    message = enqueue(direct, text="around the proxy")
+
+    assert single.outbound_message_send(message.pk).status == "sent"
+    assert sandbox.sent_texts(token=direct.token) == ["around the proxy"]
+
+
+def test_an_upload_goes_as_a_multipart_form_with_its_file(bot, sandbox) -> None:
+    content = b"%PDF-1.4 not really a pdf\n" * 20
+
+    async def upload() -> object:
+        client = await botapi.get_bot(bot.token, bot.api_base_url)
+        return await client.send_document(chat_id=4242, document=InputFile(content, filename="report.pdf"))
+
+    sent = botapi.run_sync(upload())
+
+    assert sent.chat.id == 4242
+    (call,) = sandbox.calls(token=bot.token, method="sendDocument")
+    assert call["params"]["document"]["filename"] == "report.pdf"
+    assert call["params"]["document"]["size"] == len(content)
