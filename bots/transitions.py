@@ -19,6 +19,7 @@ from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
 from bots.models import ChatState, ConsumerRun, InboundUpdate, RunState, UpdateState
+from project import rows
 
 RUN_WAITING = [RunState.PENDING, RunState.RETRY]
 
@@ -76,16 +77,14 @@ def claim_runs(run_ids: list[int], *, worker: str, lease: timedelta) -> dict[int
         return {}
     now = timezone.now()
     table = ConsumerRun._meta.db_table
-    marks = ", ".join(["%s"] * len(run_ids))
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"""UPDATE {table} SET state = %s, lease_owner = %s, lease_expires_at = %s,
-                       attempts = attempts + 1, updated_at = %s
-                WHERE id IN ({marks}) AND state IN (%s, %s) AND next_attempt_at <= %s
-                RETURNING id, attempts""",  # noqa: S608 - the table from _meta, values as parameters
-            [RunState.RUNNING, worker, now + lease, now, *run_ids, *RUN_WAITING, now],
-        )
-        return dict(cursor.fetchall())
+    claimed = rows.fetch(
+        f"""UPDATE {table} SET state = %s, lease_owner = %s, lease_expires_at = %s,
+                   attempts = attempts + 1, updated_at = %s
+            WHERE id = ANY(%s::bigint[]) AND state IN (%s, %s) AND next_attempt_at <= %s
+            RETURNING id, attempts""",  # noqa: S608 - the table from _meta, values as parameters
+        [RunState.RUNNING, worker, now + lease, now, run_ids, *RUN_WAITING, now],
+    )
+    return dict(claimed)
 
 
 def _owned(run_id: int, worker: str):
@@ -104,17 +103,13 @@ def mark_runs_done(outcomes: dict[int, str], *, worker: str) -> int:
         return 0
     now = timezone.now()
     table = ConsumerRun._meta.db_table
-    values = ", ".join(["(%s::bigint, %s::text)"] * len(outcomes))
-    pairs = [x for pk, outcome in outcomes.items() for x in (pk, outcome[:64])]
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"""UPDATE {table} AS r SET state = %s, finished_at = %s, updated_at = %s, lease_owner = '',
-                       lease_expires_at = NULL, last_error = '', outcome = v.outcome
-                FROM (VALUES {values}) AS v (id, outcome)
-                WHERE r.id = v.id AND r.state = %s AND r.lease_owner = %s""",  # noqa: S608 - as above
-            [RunState.DONE, now, now, *pairs, RunState.RUNNING, worker],
-        )
-        return cursor.rowcount
+    return rows.execute(
+        f"""UPDATE {table} AS r SET state = %s, finished_at = %s, updated_at = %s, lease_owner = '',
+                   lease_expires_at = NULL, last_error = '', outcome = v.outcome
+            FROM unnest(%s::bigint[], %s::text[]) AS v (id, outcome)
+            WHERE r.id = v.id AND r.state = %s AND r.lease_owner = %s""",  # noqa: S608 - as above
+        [RunState.DONE, now, now, list(outcomes), [o[:64] for o in outcomes.values()], RunState.RUNNING, worker],
+    )
 
 
 def defer_run(run_id: int, *, worker: str, until: datetime, reason: str = "") -> bool:

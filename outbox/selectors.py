@@ -14,6 +14,7 @@ from django.utils import timezone
 from outbox import chat_order, circuits
 from outbox.models import Circuit, CircuitState, OutboundMessage, State
 from outbox.splitting import MAX_PARTS, part_key
+from project import rows
 
 
 def earlier_open_message_exists(message: OutboundMessage) -> bool:
@@ -51,15 +52,14 @@ def next_open_messages_in_chats(sent: list[tuple[int, int, int]]) -> dict[int, i
     or the reply's look sees its head sent."""
     now = timezone.now()
     table = OutboundMessage._meta.db_table
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"""SELECT v.id, (SELECT h.id FROM {table} h WHERE h.bot_id = v.bot_id AND h.chat_id = v.chat_id
-                       AND h.state IN ('pending', 'retry') AND h.next_attempt_at <= %s
-                       AND NOT {chat_order.blocked_sql("h")} ORDER BY h.id LIMIT 1)
-                FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[]) AS v(id, bot_id, chat_id)""",  # noqa: S608
-            [now, now, [m for m, _, _ in sent], [b for _, b, _ in sent], [c for _, _, c in sent]],
-        )
-        return dict(cursor.fetchall())
+    found = rows.fetch(
+        f"""SELECT v.id, (SELECT h.id FROM {table} h WHERE h.bot_id = v.bot_id AND h.chat_id = v.chat_id
+                   AND h.state IN ('pending', 'retry') AND h.next_attempt_at <= %s
+                   AND NOT {chat_order.blocked_sql("h")} ORDER BY h.id LIMIT 1)
+            FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[]) AS v(id, bot_id, chat_id)""",  # noqa: S608
+        [now, now, [m for m, _, _ in sent], [b for _, b, _ in sent], [c for _, _, c in sent]],
+    )
+    return dict(found)
 
 
 def outbound_message_for_send(message_id: int, *, now: datetime) -> OutboundMessage | None:

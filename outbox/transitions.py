@@ -23,6 +23,7 @@ from outbox import chat_order, circuits, metrics, selectors
 from outbox.botapi import CallOutcome
 from outbox.models import WAITING_STATES, Attempt, DeadLetter, DeadLetterStatus, ErrorClass, OutboundMessage, State
 from outbox.signals import message_ambiguous, message_dead_lettered, message_delivered_late
+from project import rows as rows_module
 
 WAITING = list(WAITING_STATES)
 
@@ -114,11 +115,8 @@ def claim_batch(
     scope = circuits.bot_scope(bot_id)
     params = [bot_id, now, since, *([ids] if ids is not None else []), now, scope]
     params += [limit, worker, now + lease, now, scope]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        rows = cursor.fetchall()
     messages = []
-    for *values, circuit_dirty in rows:
+    for *values, circuit_dirty in rows_module.fetch(sql, params):
         message = selectors.message_from_row(values)
         # The bot's circuit is closed (else nothing is claimed); with failures counted, a
         # success must reset them.
@@ -137,19 +135,17 @@ def begin_attempts(messages: list[OutboundMessage], *, worker: str) -> dict[int,
     now = timezone.now()
     if not _postgresql():
         return {m.pk: a for m in messages if (a := _begin_attempt_portable(m, worker=worker, now=now)) is not None}
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"""WITH m AS (
-                  UPDATE {_MESSAGES} SET attempts = attempts + 1, updated_at = %s
-                  WHERE id = ANY(%s) AND state = 'sending' AND lease_owner = %s RETURNING id, attempts
-                )
-                INSERT INTO {_ATTEMPTS} (message_id, number, worker, started_at, finished_at, outcome,
-                                         http_status, error_code, description, retry_after)
-                SELECT id, attempts, %s, %s, NULL, '', NULL, NULL, '', NULL FROM m
-                RETURNING id, message_id, number""",  # noqa: S608 - see _MESSAGES
-            [now, [m.pk for m in messages], worker, worker, now],
-        )
-        rows = cursor.fetchall()
+    rows = rows_module.fetch(
+        f"""WITH m AS (
+              UPDATE {_MESSAGES} SET attempts = attempts + 1, updated_at = %s
+              WHERE id = ANY(%s::bigint[]) AND state = 'sending' AND lease_owner = %s RETURNING id, attempts
+            )
+            INSERT INTO {_ATTEMPTS} (message_id, number, worker, started_at, finished_at, outcome,
+                                     http_status, error_code, description, retry_after)
+            SELECT id, attempts, %s, %s, NULL, '', NULL, NULL, '', NULL FROM m
+            RETURNING id, message_id, number""",  # noqa: S608 - see _MESSAGES
+        [now, [m.pk for m in messages], worker, worker, now],
+    )
     by_id = {m.pk: m for m in messages}
     attempts: dict[int, Attempt] = {}
     for attempt_id, message_id, number in rows:
@@ -194,32 +190,30 @@ def mark_sent(
             attempt_ids.append(attempt.pk)
             telegram_ids.append(outcome.telegram_message_id)
             results.append(None if outcome.telegram_message_id else json.dumps(outcome.result))
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"""WITH v AS (
-                      SELECT * FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], %s::text[])
-                        AS v(message_id, attempt_id, telegram_message_id, result)
-                    ), a AS (
-                      UPDATE {_ATTEMPTS} SET finished_at = %s, outcome = 'ok', http_status = 200, error_code = NULL,
-                        description = '', retry_after = NULL
-                      FROM v WHERE {_ATTEMPTS}.id = v.attempt_id AND {_ATTEMPTS}.id = ANY(%s::bigint[])
-                    ), m AS (
-                      UPDATE {_MESSAGES} SET state = 'sent', sent_at = %s, updated_at = %s,
-                        telegram_message_id = v.telegram_message_id, result = v.result::jsonb, lease_owner = '',
-                        lease_expires_at = NULL, last_error = '', last_error_class = ''
-                      FROM v WHERE {_MESSAGES}.id = v.message_id AND {_MESSAGES}.id = ANY(%s::bigint[])
-                        AND {_MESSAGES}.state = 'sending' AND {_MESSAGES}.lease_owner = %s
-                      RETURNING {_MESSAGES}.id, {_MESSAGES}.bot_id, {_MESSAGES}.chat_id,
-                        {_MESSAGES}.source_update_id
-                    )
-                    SELECT m.id, m.bot_id, m.chat_id,
-                      (SELECT u.received_at FROM {_UPDATES} u WHERE u.id = m.source_update_id)
-                    FROM m""",  # noqa: S608 - see _MESSAGES
-                # The ids again as `= ANY`: the planner then reads the rows by primary key
-                # (joined to the unnest alone it scanned the lease index's dead entries).
-                [message_ids, attempt_ids, telegram_ids, results, now, attempt_ids, now, now, message_ids, worker],
-            )
-            rows = cursor.fetchall()
+        rows = rows_module.fetch(
+            f"""WITH v AS (
+                  SELECT * FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], %s::text[])
+                    AS v(message_id, attempt_id, telegram_message_id, result)
+                ), a AS (
+                  UPDATE {_ATTEMPTS} SET finished_at = %s, outcome = 'ok', http_status = 200, error_code = NULL,
+                    description = '', retry_after = NULL
+                  FROM v WHERE {_ATTEMPTS}.id = v.attempt_id AND {_ATTEMPTS}.id = ANY(%s::bigint[])
+                ), m AS (
+                  UPDATE {_MESSAGES} SET state = 'sent', sent_at = %s, updated_at = %s,
+                    telegram_message_id = v.telegram_message_id, result = v.result::jsonb, lease_owner = '',
+                    lease_expires_at = NULL, last_error = '', last_error_class = ''
+                  FROM v WHERE {_MESSAGES}.id = v.message_id AND {_MESSAGES}.id = ANY(%s::bigint[])
+                    AND {_MESSAGES}.state = 'sending' AND {_MESSAGES}.lease_owner = %s
+                  RETURNING {_MESSAGES}.id, {_MESSAGES}.bot_id, {_MESSAGES}.chat_id,
+                    {_MESSAGES}.source_update_id
+                )
+                SELECT m.id, m.bot_id, m.chat_id,
+                  (SELECT u.received_at FROM {_UPDATES} u WHERE u.id = m.source_update_id)
+                FROM m""",  # noqa: S608 - see _MESSAGES
+            # The ids again as `= ANY`: the planner then reads the rows by primary key
+            # (joined to the unnest alone it scanned the lease index's dead entries).
+            [message_ids, attempt_ids, telegram_ids, results, now, attempt_ids, now, now, message_ids, worker],
+        )
         done: dict[int, int | None] = dict.fromkeys((message_id for message_id, *_ in rows), None)
         if next_in_chat and rows:
             done.update(selectors.next_open_messages_in_chats([(m, b, c) for m, b, c, _ in rows]))

@@ -31,26 +31,44 @@ def _sql(model: type[Model], unique: tuple[str, ...], count: int = 1) -> str:
     )
 
 
-def _execute(db: Any, sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
-    """Run one statement and fetch its rows. On PostgreSQL the parameters travel beside the
-    statement (psycopg's server-side binding, an unnamed statement: nothing kept per session,
-    so PgBouncer's transaction mode is fine) instead of being quoted into its text in Python,
-    which on the webhook cost as much CPU as the rest of the INSERT (a ~1 KB JSON literal).
-    Django's error translation and broken-transaction check still apply."""
+def fetch(sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
+    """Run one of the hot paths' fixed statements (the claims, the attempt rows, the marks)
+    and fetch its rows: its parameters bound server-side and, on a direct connection, the
+    statement prepared on its first run in each connection. Planning those CTEs took ~70% of
+    PostgreSQL's time per echoed update, ~3x their execution. Behind a transaction pooler
+    (DATABASE_POOLER=transaction) nothing is prepared (see project/settings.py)."""
+    return _execute(connections[DEFAULT_DB_ALIAS], sql, params, prepare=True)[0]
+
+
+def execute(sql: str, params: list[Any]) -> int:
+    """`fetch` for a statement without rows: how many rows it changed."""
+    return _execute(connections[DEFAULT_DB_ALIAS], sql, params, prepare=True, rows=False)[1]
+
+
+def _execute(
+    db: Any, sql: str, params: list[Any], *, prepare: bool = False, rows: bool = True
+) -> tuple[list[tuple[Any, ...]], int]:
+    """Run one statement: (its rows, its row count). On PostgreSQL the parameters travel
+    beside the statement (psycopg's server-side binding) instead of being quoted into its text
+    in Python, which on the webhook cost as much CPU as the rest of the INSERT (a ~1 KB JSON
+    literal); `prepare` names the statement (psycopg keeps it per connection; a no-op when
+    the connection's prepare_threshold is None). Django's error translation and
+    broken-transaction check still apply."""
     if db.vendor != "postgresql":
         with db.cursor() as cursor:
             cursor.execute(sql, params)
-            return cursor.fetchall()
+            return (cursor.fetchall() if rows else []), cursor.rowcount
     db.close_if_health_check_failed()
     db.ensure_connection()
     db.validate_no_broken_transaction()
     started = time.monotonic()
     with db.wrap_database_errors, psycopg.Cursor(db.connection) as cursor:
-        cursor.execute(sql, params, prepare=False)
-        fetched = cursor.fetchall()
+        cursor.execute(sql, params, prepare=prepare)
+        fetched = cursor.fetchall() if rows else []
+        count = cursor.rowcount
     if db.queries_logged:  # as Django's debug cursor: DEBUG's query log, the tests' query counts
         db.queries_log.append({"sql": sql, "time": f"{time.monotonic() - started:.3f}"})
-    return fetched
+    return fetched, count
 
 
 def insert_once(row: Model, *, unique: tuple[str, ...]) -> bool:
@@ -59,7 +77,7 @@ def insert_once(row: Model, *, unique: tuple[str, ...]) -> bool:
     model = type(row)
     db = connections[DEFAULT_DB_ALIAS]  # the thread's own wrapper: no proxy lookup per field
     params = [f.get_db_prep_save(f.pre_save(row, True), db) for f in _fields(model)]
-    inserted = _execute(db, _sql(model, unique), params)
+    inserted = _execute(db, _sql(model, unique), params, prepare=True)[0]
     if not inserted:
         return False
     row.pk = inserted[0][0]
@@ -76,7 +94,9 @@ def insert_many_once(rows: list[Model], *, unique: tuple[str, ...]) -> int:
     model = type(rows[0])
     db = connections[DEFAULT_DB_ALIAS]
     params = [f.get_db_prep_save(f.pre_save(row, True), db) for row in rows for f in _fields(model)]
-    inserted = {tuple(values): pk for pk, *values in _execute(db, _sql(model, unique, len(rows)), params)}
+    # Prepared for the usual small batches only: each size is a statement of its own.
+    fetched = _execute(db, _sql(model, unique, len(rows)), params, prepare=len(rows) <= 8)[0]
+    inserted = {tuple(values): pk for pk, *values in fetched}
     by_column = {f.column: f for f in _fields(model)}
     for row in rows:
         key = tuple(by_column[c].get_db_prep_save(getattr(row, by_column[c].attname), db) for c in unique)

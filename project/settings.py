@@ -122,14 +122,20 @@ else:
     DATABASES["default"].setdefault("OPTIONS", {}).setdefault(
         "connect_timeout", env.int("DATABASE_CONNECT_TIMEOUT", default=5)
     )
+    # Prepared statements, for the hot paths' fixed statements only (project/rows.py: each
+    # asks for it, and is planned once per connection instead of on every run). Django's own
+    # statements are bound client-side, which psycopg never prepares; a threshold this high
+    # keeps psycopg from preparing anything else by count.
+    DATABASES["default"]["OPTIONS"].setdefault("prepare_threshold", 2**31 - 1)
 
 # Behind PgBouncer in transaction pooling mode (Heroku's and most managed poolers), a client's
 # consecutive transactions may run on different server connections, so nothing may rely on
 # session state: no WITH HOLD cursors (Django's .iterator() outside a transaction), no
-# server-side prepared statements (psycopg's prepare_threshold; Django 5.2 already defaults
-# it to None, pinned here so a DATABASE_URL option cannot turn it on), no server-side
-# binding. Dovecote itself takes no session locks (the sweeper uses a lease row) and sets
-# nothing per session; Django's SET TIME ZONE is a parameter PgBouncer tracks per client.
+# server-side prepared statements (psycopg's prepare_threshold None: project/rows.py's
+# statements then go unprepared, with their parameters still bound server-side in an unnamed
+# statement, which PgBouncer passes), no server-side binding for Django's own statements.
+# Dovecote itself takes no session locks (the sweeper uses a lease row) and sets nothing per
+# session; Django's SET TIME ZONE is a parameter PgBouncer tracks per client.
 DATABASE_POOLER = env.str("DATABASE_POOLER", default="")
 if DATABASE_POOLER not in ("", "session", "transaction"):
     raise ImproperlyConfigured("DATABASE_POOLER must be empty, 'session' or 'transaction'.")
