@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from functools import cache
 from typing import Any
@@ -27,6 +28,24 @@ def _sql(model: type[Model], unique: tuple[str, ...], count: int = 1) -> str:
     returning = ", ".join(qn(c) for c in (meta.pk.column, *unique))
     return (
         f"INSERT INTO {qn(meta.db_table)} ({columns}) VALUES {placeholders} "  # noqa: S608 - names from _meta
+        f"ON CONFLICT ({', '.join(qn(c) for c in unique)}) DO NOTHING RETURNING {returning}"
+    )
+
+
+@cache
+def _sql_columns(model: type[Model], unique: tuple[str, ...]) -> str:
+    """`_sql` for any number of rows on PostgreSQL: one array per column (unnest), so the
+    statement's text, parsed once by psycopg and prepared once per connection, is the same
+    whatever the count. The arrays are cast to the columns' base types (no length: the
+    insert's own cast still refuses a value too long)."""
+    qn = connection.ops.quote_name
+    meta = model._meta
+    fields = _fields(model)
+    columns = ", ".join(qn(f.column) for f in fields)
+    arrays = ", ".join(f"%s::{re.sub(r'[(].*?[)]', '', f.db_type(connection))}[]" for f in fields)
+    returning = ", ".join(qn(c) for c in (meta.pk.column, *unique))
+    return (
+        f"INSERT INTO {qn(meta.db_table)} ({columns}) SELECT * FROM unnest({arrays}) "  # noqa: S608 - names from _meta
         f"ON CONFLICT ({', '.join(qn(c) for c in unique)}) DO NOTHING RETURNING {returning}"
     )
 
@@ -93,9 +112,12 @@ def insert_many_once(rows: list[Model], *, unique: tuple[str, ...]) -> int:
         return 0
     model = type(rows[0])
     db = connections[DEFAULT_DB_ALIAS]
-    params = [f.get_db_prep_save(f.pre_save(row, True), db) for row in rows for f in _fields(model)]
-    # Prepared for the usual small batches only: each size is a statement of its own.
-    fetched = _execute(db, _sql(model, unique, len(rows)), params, prepare=len(rows) <= 8)[0]
+    values = [[f.get_db_prep_save(f.pre_save(row, True), db) for row in rows] for f in _fields(model)]
+    if db.vendor == "postgresql":
+        fetched = _execute(db, _sql_columns(model, unique), values, prepare=True)[0]
+    else:
+        params = [column[n] for n in range(len(rows)) for column in values]
+        fetched = _execute(db, _sql(model, unique, len(rows)), params)[0]
     inserted = {tuple(values): pk for pk, *values in fetched}
     by_column = {f.column: f for f in _fields(model)}
     for row in rows:
