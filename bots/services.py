@@ -20,7 +20,7 @@ from django.dispatch import receiver
 from django.utils import timezone
 
 from bots import registry, transitions
-from bots.models import Bot, ConsumerRun, InboundUpdate, UpdateState
+from bots.models import Bot, ConsumerRun, InboundUpdate, RunState, UpdateState
 from outbox import circuits, metrics, wakeups
 from outbox import dispatch as outbox_dispatch
 from outbox.failpoints import failpoint
@@ -163,30 +163,26 @@ ROUTE_TIME_BUDGET_SECONDS = 10.0
 
 def inbox_update_route(update_pk: int) -> list[int]:
     """Route one update (the sweeper's redispatch, and the demo's per-update task): its
-    consumer runs and the update marked routed, in one transaction; the runs dispatched
-    after commit, or run here (inline-safe consumers). Routing is decided once and recorded.
-    Returns the runs' ids."""
-    with transaction.atomic():
-        taken = transitions.take_updates_to_route(update_pk=update_pk, limit=1)
-        routing = _write_runs(taken)
-    _run_inline_and_log(taken, routing)
+    consumer runs written and the update marked routed together; the runs dispatched, or run
+    here (inline-safe consumers). Routing is decided once and recorded. Returns the runs' ids."""
+    routed, routing = _route(transitions.updates_to_route(update_pk=update_pk, limit=1))
+    _run_inline_and_log(routed, routing)
     return [pk for pk, _, _ in routing.runs]
 
 
 def inbox_updates_route(bot_id: int, *, limit: int = ROUTE_BATCH_SIZE, bot: Bot | None = None) -> int:
-    """Route up to `limit` of the bot's new updates, oldest first, in one transaction (their
-    runs in one INSERT), then run the inline-safe ones here. Routers on other workers take
-    other rows. Returns how many updates."""
+    """Route up to `limit` of the bot's new updates, oldest first: their runs written and the
+    updates marked routed in one statement, then the inline-safe runs run here. Updates a
+    router on another worker routed first are left to it. Returns how many it routed."""
     if bot is None:
         bot = Bot.objects.filter(pk=bot_id).first()
-    with transaction.atomic():
-        taken = transitions.take_updates_to_route(bot_id=bot_id, limit=limit)
-        for update in taken:
-            if bot is not None:
-                update._state.fields_cache["bot"] = bot  # one bot: no query per update
-        routing = _write_runs(taken)
-    _run_inline_and_log(taken, routing)
-    return len(taken)
+    taken = transitions.updates_to_route(bot_id=bot_id, limit=limit)
+    for update in taken:
+        if bot is not None:
+            update._state.fields_cache["bot"] = bot  # one bot: no query per update
+    routed, routing = _route(taken)
+    _run_inline_and_log(routed, routing)
+    return len(routed)
 
 
 @dataclass(frozen=True)
@@ -198,16 +194,23 @@ class Routing:
     inline: list[ConsumerRun]
 
 
-def _write_runs(updates: list[InboundUpdate]) -> Routing:
-    """One ConsumerRun per matching consumer of each (just taken) update. Those of inline-safe
-    consumers (registry.consumer) are left for the caller to run after the commit; the
-    others are dispatched after it."""
+def _route(updates: list[InboundUpdate]) -> tuple[list[InboundUpdate], Routing]:
+    """One ConsumerRun per matching consumer of each update, written as the update is marked
+    routed (transitions.route). Returns the updates routed here (not those another router
+    took first) and their runs. The runs of inline-safe consumers (registry.consumer) are
+    left for the caller to run; those whose consumer's circuit is plainly closed and whose
+    update is not past the consumer's max age are written already claimed by this worker
+    (running, its lease, one attempt), so running them needs no claim. The others are
+    dispatched once written."""
     if not updates:
-        return Routing([], [])
+        return [], Routing([], [])
     now = timezone.now()
     matched = {u.pk: registry.matching(u) for u in updates}
     inline_work = settings.DOVECOTE_INLINE_WORK
     inline_keys = {(u.pk, spec.name) for u in updates for spec in matched[u.pk] if inline_work and spec.runs_inline(u)}
+    claimed_now = _claimable_inline(updates, matched, inline_keys, now=now)
+    worker = worker_id()
+    lease_until = now + timedelta(seconds=settings.DOVECOTE_CONSUMER_LEASE_SECONDS)
     runs = {
         (u.pk, spec.name): ConsumerRun(
             update=u,
@@ -216,24 +219,54 @@ def _write_runs(updates: list[InboundUpdate]) -> Routing:
             max_attempts=spec.max_attempts,
             next_attempt_at=now,
             trace_id=u.trace_id,
+            **(
+                {"state": RunState.RUNNING, "lease_owner": worker, "lease_expires_at": lease_until, "attempts": 1}
+                if (u.pk, spec.name) in claimed_now
+                else {}
+            ),
         )
         for u in updates
         for spec in matched[u.pk]
     }
-    written = rows.insert_many_once(list(runs.values()), unique=("update_id", "consumer"))
-    if written == len(runs):
-        routed = sorted((run.pk, update_pk, name) for (update_pk, name), run in runs.items())
+    routed_ids = transitions.route(updates, list(runs.values()))
+    ours = {key: run for key, run in runs.items() if key[0] in routed_ids}
+    if all(run.pk is not None for run in ours.values()):
+        routed = sorted((run.pk, update_pk, name) for (update_pk, name), run in ours.items())
     else:
         # Runs of these updates existed already (nothing routes an update twice; this is for
         # rows written by hand): they are the runs, as they stand.
         routed = list(
-            ConsumerRun.objects.filter(update__in=updates).order_by("pk").values_list("pk", "update_id", "consumer")
+            ConsumerRun.objects.filter(update__in=routed_ids).order_by("pk").values_list("pk", "update_id", "consumer")
         )
     inline = [runs[(u, name)] for pk, u, name in routed if (u, name) in inline_keys and runs[(u, name)].pk == pk]
     inline_pks = {run.pk for run in inline}
     queued = [(pk, name) for pk, _, name in routed if pk not in inline_pks]
     transaction.on_commit(lambda: [dispatch_run(pk, consumer=name) for pk, name in queued])
-    return Routing(routed, inline)
+    return [u for u in updates if u.pk in routed_ids], Routing(routed, inline)
+
+
+def _claimable_inline(
+    updates: list[InboundUpdate],
+    matched: dict[int, list[registry.ConsumerSpec]],
+    inline_keys: set[tuple[int, str]],
+    *,
+    now: datetime,
+) -> set[tuple[int, str]]:
+    """The inline runs to write already claimed: their consumer's circuit plainly closed (one
+    read for the batch's consumers) and their update within the consumer's max age. The rest
+    take the checks of `consumer_runs_execute_inline`."""
+    if not inline_keys:
+        return set()
+    specs = {spec.name: spec for u in updates for spec in matched[u.pk]}
+    names = {name for _, name in inline_keys}
+    scopes = {circuits.consumer_scope(name) for name in names}
+    unsettled = {c.scope for c in Circuit.objects.filter(scope__in=scopes) if _circuit_dirty(c)}
+    received = {u.pk: u.received_at for u in updates}
+    return {
+        (update_pk, name)
+        for update_pk, name in inline_keys
+        if circuits.consumer_scope(name) not in unsettled and received[update_pk] >= now - specs[name].max_age
+    }
 
 
 def _run_inline_and_log(updates: list[InboundUpdate], routing: Routing) -> None:
@@ -401,7 +434,8 @@ def _consumer_run_execute(run_pk: int, named: Callable[[str], None]) -> str:
 
 def consumer_runs_execute_inline(runs: list[ConsumerRun]) -> dict[int, str]:
     """The router's inline runs of one batch, just routed and committed: the single run's
-    rules at a batch's price. The runs are claimed in one statement, each consumer runs
+    rules at a batch's price. The runs are claimed (most were written claimed, `_route`; the
+    others in one statement), each consumer runs
     (a failure is settled for its run alone, as `consumer_run_execute` settles it), the
     replies they wrote are sent together, and the successes are marked done in one
     statement. A run whose consumer's circuit is not plainly closed takes the single path.
@@ -412,13 +446,20 @@ def consumer_runs_execute_inline(runs: list[ConsumerRun]) -> dict[int, str]:
     twice."""
     outcomes: dict[int, str] = {}
     now = timezone.now()
+    worker = worker_id()
     specs = {run.pk: registry.get(run.consumer) for run in runs}
-    scopes = {circuits.consumer_scope(spec.name) for spec in specs.values() if spec is not None}
+    # Written already claimed by this worker (`_route`): checked there, nothing to claim.
+    claimed = {run.pk: run.attempts for run in runs if run.state == RunState.RUNNING and run.lease_owner == worker}
+    scopes = {
+        circuits.consumer_scope(spec.name) for pk, spec in specs.items() if spec is not None and pk not in claimed
+    }
     unsettled = {c.scope for c in Circuit.objects.filter(scope__in=scopes) if _circuit_dirty(c)}
     ready: list[ConsumerRun] = []
     for run in runs:
         spec = specs[run.pk]
-        if spec is None or circuits.consumer_scope(spec.name) in unsettled:
+        if run.pk in claimed:
+            ready.append(run)
+        elif spec is None or circuits.consumer_scope(spec.name) in unsettled:
             outcomes[run.pk] = consumer_run_execute(run.pk)
         elif run.update.received_at < now - spec.max_age:
             current_trace_id.set(run.trace_id)
@@ -426,9 +467,10 @@ def consumer_runs_execute_inline(runs: list[ConsumerRun]) -> dict[int, str]:
             outcomes[run.pk] = _counted(spec.name, "too-old")
         else:
             ready.append(run)
-    worker = worker_id()
     lease = timedelta(seconds=settings.DOVECOTE_CONSUMER_LEASE_SECONDS)
-    claimed = transitions.claim_runs([run.pk for run in ready], worker=worker, lease=lease)
+    claimed.update(
+        transitions.claim_runs([run.pk for run in ready if run.pk not in claimed], worker=worker, lease=lease)
+    )
     held: list[tuple[int, int]] = []
     done: dict[int, str] = {}
     bots = {run.bot_id: run.update.bot for run in ready[:1]}  # a router's batch has one bot

@@ -1,6 +1,6 @@
 """State changes of inbound updates and consumer runs, each one conditional UPDATE.
 
-Update: new -> done (routed: one run per matching consumer, in the same transaction).
+Update: new -> done (routed: one run per matching consumer, written with it: `route`).
 Run: pending|retry -> running (claim) -> done | retry | failed | cancelled;
 running -> pending (deferred: the consumer asked to run later, no attempt spent);
 running with an expired lease -> retry, or failed once its budget is spent (sweeper);
@@ -13,7 +13,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import BigIntegerField, F, Q, Value
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
@@ -24,27 +24,48 @@ from project import rows
 RUN_WAITING = [RunState.PENDING, RunState.RETRY]
 
 
-def take_updates_to_route(
-    *, bot_id: int | None = None, update_pk: int | None = None, limit: int
-) -> list[InboundUpdate]:
-    """new -> done for up to `limit` of a bot's updates (or the one update `update_pk`),
-    oldest first, skipping the rows another router holds, in one statement (UPDATE …
-    RETURNING). Inside the routing transaction: the caller writes their runs in it, so an
-    update is routed exactly once, or (on a rollback or a crash) stays new. Returns the
-    updates as they are now (done), oldest first."""
+def updates_to_route(*, bot_id: int | None = None, update_pk: int | None = None, limit: int) -> list[InboundUpdate]:
+    """Up to `limit` of a bot's new updates (or the one update `update_pk`), oldest first
+    (through inbox_new_idx: a batch, not the whole backlog). Read, not locked: `route`
+    decides which of them this router routes."""
     if (bot_id is None) == (update_pk is None):
         raise ValueError("take the updates of one bot, or one update")
-    table = InboundUpdate._meta.db_table
-    column = "bot_id" if bot_id is not None else "id"
-    # A bot's new updates come in order from inbox_new_idx: a batch, not the whole backlog.
-    taken = InboundUpdate.objects.raw(
-        f"""UPDATE {table} SET state = %s, processed_at = %s, attempts = attempts + 1
-            WHERE id IN (SELECT id FROM {table} WHERE {column} = %s AND state = %s
-                         ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED)
-            RETURNING *""",  # noqa: S608 - names from _meta, values as parameters
-        [UpdateState.DONE, timezone.now(), bot_id if bot_id is not None else update_pk, UpdateState.NEW, limit],
-    )
-    return sorted(taken, key=lambda u: u.pk)
+    found = InboundUpdate.objects.filter(state=UpdateState.NEW)
+    found = found.filter(bot_id=bot_id) if bot_id is not None else found.filter(pk=update_pk)
+    return list(found.order_by("id")[:limit])
+
+
+def route(updates: list[InboundUpdate], runs: list[ConsumerRun]) -> set[int]:
+    """new -> done for these updates, with their consumer runs written, together: on
+    PostgreSQL one statement (an UPDATE of the updates still new, and the insert of the runs
+    of exactly those; one round trip, no transaction around it), elsewhere one transaction.
+    An update another router moved first is left to it, its runs not written here. Returns
+    the ids of the updates routed here; each run written gets its pk."""
+    if not updates:
+        return set()
+    now = timezone.now()
+    ids = [u.pk for u in updates]
+    if connection.vendor == "postgresql":
+        table = InboundUpdate._meta.db_table
+        return rows.insert_many_with(
+            runs,
+            unique=("update_id", "consumer"),
+            mark=f"UPDATE {table} SET state = %s, processed_at = %s, attempts = attempts + 1"  # noqa: S608
+            " WHERE id = ANY(%s::bigint[]) AND state = %s RETURNING id",
+            mark_params=[UpdateState.DONE, now, ids, UpdateState.NEW],
+            of="update_id",
+        )
+    with transaction.atomic():
+        routed = set(
+            InboundUpdate.objects.select_for_update()
+            .filter(pk__in=ids, state=UpdateState.NEW)
+            .values_list("pk", flat=True)
+        )
+        InboundUpdate.objects.filter(pk__in=routed).update(
+            state=UpdateState.DONE, processed_at=now, attempts=F("attempts") + 1
+        )
+        rows.insert_many_once([run for run in runs if run.update_id in routed], unique=("update_id", "consumer"))
+    return routed
 
 
 def make_update_due(update_id: int, *, now: datetime) -> bool:
@@ -76,6 +97,20 @@ def claim_runs(run_ids: list[int], *, worker: str, lease: timedelta) -> dict[int
     if not run_ids:
         return {}
     now = timezone.now()
+    if connection.vendor != "postgresql":  # the demo's SQLite: one by one
+        for run_id in run_ids:
+            ConsumerRun.objects.filter(pk=run_id, state__in=RUN_WAITING, next_attempt_at__lte=now).update(
+                state=RunState.RUNNING,
+                lease_owner=worker,
+                lease_expires_at=now + lease,
+                attempts=F("attempts") + 1,
+                updated_at=now,
+            )
+        return dict(
+            ConsumerRun.objects.filter(
+                pk__in=run_ids, state=RunState.RUNNING, lease_owner=worker, updated_at=now
+            ).values_list("pk", "attempts")
+        )
     table = ConsumerRun._meta.db_table
     claimed = rows.fetch(
         f"""UPDATE {table} SET state = %s, lease_owner = %s, lease_expires_at = %s,
@@ -102,6 +137,19 @@ def mark_runs_done(outcomes: dict[int, str], *, worker: str) -> int:
     if not outcomes:
         return 0
     now = timezone.now()
+    if connection.vendor != "postgresql":  # the demo's SQLite: one by one
+        return sum(
+            _owned(pk, worker).update(
+                state=RunState.DONE,
+                finished_at=now,
+                updated_at=now,
+                lease_owner="",
+                lease_expires_at=None,
+                last_error="",
+                outcome=outcome[:64],
+            )
+            for pk, outcome in outcomes.items()
+        )
     table = ConsumerRun._meta.db_table
     return rows.execute(
         f"""UPDATE {table} AS r SET state = %s, finished_at = %s, updated_at = %s, lease_owner = '',

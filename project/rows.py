@@ -40,14 +40,16 @@ def _sql_columns(model: type[Model], unique: tuple[str, ...]) -> str:
     insert's own cast still refuses a value too long)."""
     qn = connection.ops.quote_name
     meta = model._meta
-    fields = _fields(model)
-    columns = ", ".join(qn(f.column) for f in fields)
-    arrays = ", ".join(f"%s::{re.sub(r'[(].*?[)]', '', f.db_type(connection))}[]" for f in fields)
+    columns = ", ".join(qn(f.column) for f in _fields(model))
     returning = ", ".join(qn(c) for c in (meta.pk.column, *unique))
     return (
-        f"INSERT INTO {qn(meta.db_table)} ({columns}) SELECT * FROM unnest({arrays}) "  # noqa: S608 - names from _meta
+        f"INSERT INTO {qn(meta.db_table)} ({columns}) SELECT * FROM unnest({_arrays(model)}) "  # noqa: S608 - names from _meta
         f"ON CONFLICT ({', '.join(qn(c) for c in unique)}) DO NOTHING RETURNING {returning}"
     )
+
+
+def _arrays(model: type[Model]) -> str:
+    return ", ".join(f"%s::{re.sub(r'[(].*?[)]', '', f.db_type(connection))}[]" for f in _fields(model))
 
 
 def fetch(sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
@@ -112,14 +114,59 @@ def insert_many_once(rows: list[Model], *, unique: tuple[str, ...]) -> int:
         return 0
     model = type(rows[0])
     db = connections[DEFAULT_DB_ALIAS]
-    values = [[f.get_db_prep_save(f.pre_save(row, True), db) for row in rows] for f in _fields(model)]
+    values = _column_values(db, rows)
     if db.vendor == "postgresql":
         fetched = _execute(db, _sql_columns(model, unique), values, prepare=True)[0]
     else:
         params = [column[n] for n in range(len(rows)) for column in values]
         fetched = _execute(db, _sql(model, unique, len(rows)), params)[0]
+    return _saved(db, rows, unique, fetched)
+
+
+def insert_many_with(
+    rows: list[Model], *, unique: tuple[str, ...], mark: str, mark_params: list[Any], of: str
+) -> set[int]:
+    """PostgreSQL: `mark` (an UPDATE … RETURNING id) and the insert of those `rows` whose
+    column `of` holds one of the ids it returned, in one statement: the rows of a parent
+    that this statement moved on are written with that move, atomically, in one round trip,
+    and those of a parent that someone else moved first are not written at all. Returns the
+    ids `mark` returned; each row inserted gets its pk (`insert_many_once`)."""
+    db = connections[DEFAULT_DB_ALIAS]
+    model = type(rows[0]) if rows else None
+    if model is None:
+        return {marked for marked, *_ in _execute(db, mark, mark_params, prepare=True)[0]}
+    fetched = _execute(db, _sql_with(model, unique, mark, of), [*mark_params, *_column_values(db, rows)], prepare=True)[
+        0
+    ]
+    _saved(db, rows, unique, [row[1:] for row in fetched if row[1] is not None])
+    return {row[0] for row in fetched}
+
+
+@cache
+def _sql_with(model: type[Model], unique: tuple[str, ...], mark: str, of: str) -> str:
+    qn = connection.ops.quote_name
+    meta = model._meta
+    fields = _fields(model)
+    columns = ", ".join(qn(f.column) for f in fields)
+    returning = ", ".join(qn(c) for c in (meta.pk.column, *unique))
+    return (
+        f"WITH marked AS ({mark}), inserted AS ("  # noqa: S608 - names from _meta, the rest the caller's SQL
+        f"INSERT INTO {qn(meta.db_table)} ({columns}) SELECT * FROM unnest({_arrays(model)}) AS v ({columns}) "
+        f"WHERE v.{qn(of)} IN (SELECT id FROM marked) "
+        f"ON CONFLICT ({', '.join(qn(c) for c in unique)}) DO NOTHING RETURNING {returning}) "
+        f"SELECT marked.id, inserted.* FROM marked LEFT JOIN inserted ON inserted.{qn(of)} = marked.id"
+    )
+
+
+def _column_values(db: Any, rows: list[Model]) -> list[list[Any]]:
+    """The rows' values to insert, one list per column."""
+    return [[f.get_db_prep_save(f.pre_save(row, True), db) for row in rows] for f in _fields(type(rows[0]))]
+
+
+def _saved(db: Any, rows: list[Model], unique: tuple[str, ...], fetched: list[tuple[Any, ...]]) -> int:
+    """Give each inserted row its pk from (pk, *unique) rows; how many were inserted."""
     inserted = {tuple(values): pk for pk, *values in fetched}
-    by_column = {f.column: f for f in _fields(model)}
+    by_column = {f.column: f for f in _fields(type(rows[0]))}
     for row in rows:
         key = tuple(by_column[c].get_db_prep_save(getattr(row, by_column[c].attname), db) for c in unique)
         pk = inserted.get(key)

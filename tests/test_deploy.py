@@ -87,6 +87,46 @@ def test_the_demo_database_migrates_from_zero_and_back_on_sqlite(tmp_path) -> No
         assert undone.returncode == 0, undone.stderr
 
 
+_ROUTE_ON_SQLITE = (
+    "import json, django; django.setup();"
+    " from bots.services import add_bot, inbox_update_store, inbox_update_route;"
+    " from bots.models import ConsumerRun, InboundUpdate; from outbox.models import OutboundMessage;"
+    " bot, _ = add_bot(name='demo', token='123:sqlite-demo-token', responder='echo');"
+    " update, _ = inbox_update_store(bot=bot, payload={'update_id': 7, 'message': {'message_id': 3,"
+    " 'chat': {'id': 501, 'type': 'private'}, 'from': {'id': 501}, 'date': 0, 'text': 'hello demo'}});"
+    " inbox_update_route(update.pk); inbox_update_route(update.pk);"
+    " print(json.dumps([InboundUpdate.objects.get().state,"
+    " sorted(ConsumerRun.objects.values_list('consumer', 'state')),"
+    " list(OutboundMessage.objects.values_list('state', flat=True))]))"
+)
+
+
+def test_the_demo_routes_an_update_and_answers_it_on_sqlite(tmp_path, sandbox) -> None:
+    # `make demo` runs on SQLite (no SKIP LOCKED, no arrays): routing, the inline runs and the
+    # reply must work there too, and routing the update twice must not run it twice.
+    env = {k: v for k, v in base_env().items() if k not in ("REDIS_URL",)}
+    env.update(
+        DJANGO_SETTINGS_MODULE="project.settings",
+        DEBUG="1",
+        DATABASE_URL=f"sqlite:///{tmp_path / 'demo.sqlite3'}",
+        TELEGRAM_API_BASE_URL=sandbox.base_url,
+        DOVECOTE_REPLY_DEBOUNCE_SECONDS="0",
+        DOVECOTE_INLINE_WORK="1",
+    )
+    run = {"cwd": ROOT, "env": env, "capture_output": True, "text": True, "timeout": 120}
+    migrated = subprocess.run([str(VENV_BIN / "python"), "manage.py", "migrate", "--noinput"], **run)
+    assert migrated.returncode == 0, migrated.stderr
+    routed = subprocess.run([str(VENV_BIN / "python"), "-c", _ROUTE_ON_SQLITE], **run)
+    assert routed.returncode == 0, routed.stderr
+
+    assert json.loads(routed.stdout.strip().splitlines()[-1]) == [
+        "done",
+        [["analytics", "done"], ["auto_reply", "done"]],
+        ["sent"],
+    ]
+    assert len(sandbox.calls(token="123:sqlite-demo-token", method="sendMessage")) == 1
+
+
 @pytest.mark.parametrize("process", ["release", "web", "worker", "beat"])
 def test_every_process_refuses_to_start_without_redis_url_naming_it(process: str) -> None:
     env = platform_env(PORT=str(free_port()), DATABASE_URL="postgres://postgres@127.0.0.1:5432/never-used")
