@@ -4,7 +4,6 @@ over HTTP, and real worker processes for the races and the wake-ups."""
 
 from __future__ import annotations
 
-import itertools
 import time
 from datetime import timedelta
 
@@ -162,8 +161,10 @@ def test_under_the_rate_limit_a_drain_paces_the_bot_and_then_hands_the_worker_ba
     assert queued_tasks() == ["outbox.drain_bot"]  # no task per message
     calls = sorted(c["at"] for c in sandbox.calls(token=bot.token, method="sendMessage"))
     assert len(calls) == report.sent
-    # One slot apart (1 / (0.96 * 5) = 0.208 s), give or take the requests' jitter.
-    assert min(b - a for a, b in itertools.pairwise(calls)) > 0.15
+    # Never more than the bot's 5 in any second of arrivals, however a busy host delays one
+    # request against the next; on average one slot apart (1 / (0.96 * 5) = 0.208 s).
+    assert max(sum(1 for t in calls if start <= t < start + 1.0) for start in calls) <= 5
+    assert (calls[-1] - calls[0]) / (len(calls) - 1) > 0.18
     left = OutboundMessage.objects.filter(pk__in=[m.pk for m in messages], state=State.PENDING)
     assert left.count() == 16 - report.sent
     assert all(m.next_attempt_at <= timezone.now() for m in left)  # still due, for the continuation
