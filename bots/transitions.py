@@ -139,15 +139,7 @@ def mark_runs_done(outcomes: dict[int, str], *, worker: str) -> int:
     now = timezone.now()
     if connection.vendor != "postgresql":  # the demo's SQLite: one by one
         return sum(
-            _owned(pk, worker).update(
-                state=RunState.DONE,
-                finished_at=now,
-                updated_at=now,
-                lease_owner="",
-                lease_expires_at=None,
-                last_error="",
-                outcome=outcome[:64],
-            )
+            _owned(pk, worker).update(**_ended(RunState.DONE, now), last_error="", outcome=outcome[:64])
             for pk, outcome in outcomes.items()
         )
     table = ConsumerRun._meta.db_table
@@ -207,27 +199,17 @@ def fail_run(run_id: int, *, worker: str | None, error: str, error_class: str) -
     """running (or waiting, with worker=None) -> failed. The caller writes the dead letter."""
     now = timezone.now()
     rows = _owned(run_id, worker) if worker else ConsumerRun.objects.filter(pk=run_id, state__in=RUN_WAITING)
-    n = rows.update(
-        state=RunState.FAILED,
-        finished_at=now,
-        updated_at=now,
-        lease_owner="",
-        lease_expires_at=None,
-        last_error=error[:2000],
-        last_error_class=error_class,
-    )
+    n = rows.update(**_ended(RunState.FAILED, now), last_error=error[:2000], last_error_class=error_class)
     return n == 1
 
 
+def _ended(state: str, now: datetime) -> dict[str, Any]:
+    """The fields every run's end sets: its state, when, and no lease any more."""
+    return {"state": state, "finished_at": now, "updated_at": now, "lease_owner": "", "lease_expires_at": None}
+
+
 def _cancelled_fields(reason: str, now: datetime) -> dict[str, Any]:
-    return {
-        "state": RunState.CANCELLED,
-        "cancel_reason": reason[:2000],
-        "finished_at": now,
-        "updated_at": now,
-        "lease_owner": "",
-        "lease_expires_at": None,
-    }
+    return {**_ended(RunState.CANCELLED, now), "cancel_reason": reason[:2000]}
 
 
 def cancel_run(run_id: int, *, reason: str, worker: str | None = None) -> bool:
@@ -268,15 +250,7 @@ def fail_expired_run(run_id: int, *, error: str) -> bool:
     n = (
         _expired(run_id, now)
         .filter(attempts__gte=F("max_attempts"))
-        .update(
-            state=RunState.FAILED,
-            finished_at=now,
-            updated_at=now,
-            lease_owner="",
-            lease_expires_at=None,
-            last_error=error[:2000],
-            last_error_class="exhausted",
-        )
+        .update(**_ended(RunState.FAILED, now), last_error=error[:2000], last_error_class="exhausted")
     )
     return n == 1
 
@@ -297,14 +271,7 @@ def fail_stale_run(run_id: int) -> bool:
     n = (
         ConsumerRun.objects.filter(pk=run_id, state__in=RUN_WAITING)
         .exclude(last_error="")
-        .update(
-            state=RunState.FAILED,
-            finished_at=now,
-            updated_at=now,
-            lease_owner="",
-            lease_expires_at=None,
-            last_error_class="expired",
-        )
+        .update(**_ended(RunState.FAILED, now), last_error_class="expired")
     )
     return n == 1
 

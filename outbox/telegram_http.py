@@ -119,7 +119,7 @@ class AiohttpRequest(BaseRequest):
             ) as response:
                 return response.status, await response.read()
         except TimeoutError as exc:
-            raise TimedOut(f"Timed out ({failure_name(exc)})") from exc
+            raise TimedOut from exc  # classify() names it (failure_name)
         except aiohttp.ClientError as exc:
             raise NetworkError(f"aiohttp.{type(exc).__name__}: {exc}") from exc
 

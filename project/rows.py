@@ -19,17 +19,25 @@ def _fields(model: type[Model]) -> list[Any]:
     return [f for f in model._meta.concrete_fields if not f.primary_key]
 
 
-@cache
-def _sql(model: type[Model], unique: tuple[str, ...], count: int = 1) -> str:
+def _insert(model: type[Model], unique: tuple[str, ...], source: str) -> str:
+    """INSERT of `source` (VALUES or a SELECT giving the model's columns, pk aside) that skips
+    rows whose `unique` columns are taken and returns (pk, *unique) of those it wrote."""
     qn = connection.ops.quote_name
-    meta = model._meta
-    columns = ", ".join(qn(f.column) for f in _fields(model))
-    placeholders = ", ".join(["(" + ", ".join(["%s"] * len(_fields(model))) + ")"] * count)
-    returning = ", ".join(qn(c) for c in (meta.pk.column, *unique))
+    returning = ", ".join(qn(c) for c in (model._meta.pk.column, *unique))
     return (
-        f"INSERT INTO {qn(meta.db_table)} ({columns}) VALUES {placeholders} "  # noqa: S608 - names from _meta
+        f"INSERT INTO {qn(model._meta.db_table)} ({_columns(model)}) {source} "
         f"ON CONFLICT ({', '.join(qn(c) for c in unique)}) DO NOTHING RETURNING {returning}"
     )
+
+
+def _columns(model: type[Model]) -> str:
+    return ", ".join(connection.ops.quote_name(f.column) for f in _fields(model))
+
+
+@cache
+def _sql(model: type[Model], unique: tuple[str, ...], count: int = 1) -> str:
+    row = "(" + ", ".join(["%s"] * len(_fields(model))) + ")"
+    return _insert(model, unique, "VALUES " + ", ".join([row] * count))
 
 
 @cache
@@ -38,14 +46,7 @@ def _sql_columns(model: type[Model], unique: tuple[str, ...]) -> str:
     statement's text, parsed once by psycopg and prepared once per connection, is the same
     whatever the count. The arrays are cast to the columns' base types (no length: the
     insert's own cast still refuses a value too long)."""
-    qn = connection.ops.quote_name
-    meta = model._meta
-    columns = ", ".join(qn(f.column) for f in _fields(model))
-    returning = ", ".join(qn(c) for c in (meta.pk.column, *unique))
-    return (
-        f"INSERT INTO {qn(meta.db_table)} ({columns}) SELECT * FROM unnest({_arrays(model)}) "  # noqa: S608 - names from _meta
-        f"ON CONFLICT ({', '.join(qn(c) for c in unique)}) DO NOTHING RETURNING {returning}"
-    )
+    return _insert(model, unique, f"SELECT * FROM unnest({_arrays(model)})")  # noqa: S608 - names from _meta
 
 
 def _arrays(model: type[Model]) -> str:
@@ -144,17 +145,11 @@ def insert_many_with(
 
 @cache
 def _sql_with(model: type[Model], unique: tuple[str, ...], mark: str, of: str) -> str:
-    qn = connection.ops.quote_name
-    meta = model._meta
-    fields = _fields(model)
-    columns = ", ".join(qn(f.column) for f in fields)
-    returning = ", ".join(qn(c) for c in (meta.pk.column, *unique))
+    of = connection.ops.quote_name(of)
+    source = f"SELECT * FROM unnest({_arrays(model)}) AS v ({_columns(model)}) WHERE v.{of} IN (SELECT id FROM marked)"  # noqa: S608
     return (
-        f"WITH marked AS ({mark}), inserted AS ("  # noqa: S608 - names from _meta, the rest the caller's SQL
-        f"INSERT INTO {qn(meta.db_table)} ({columns}) SELECT * FROM unnest({_arrays(model)}) AS v ({columns}) "
-        f"WHERE v.{qn(of)} IN (SELECT id FROM marked) "
-        f"ON CONFLICT ({', '.join(qn(c) for c in unique)}) DO NOTHING RETURNING {returning}) "
-        f"SELECT marked.id, inserted.* FROM marked LEFT JOIN inserted ON inserted.{qn(of)} = marked.id"
+        f"WITH marked AS ({mark}), inserted AS ({_insert(model, unique, source)}) "  # noqa: S608 - the caller's SQL
+        f"SELECT marked.id, inserted.* FROM marked LEFT JOIN inserted ON inserted.{of} = marked.id"
     )
 
 
