@@ -361,6 +361,9 @@ class Latency:
     sent: int
     answered: int
     outcomes: dict[str, int]
+    # By token: (sent, the sandbox's receipt), wall-clock seconds; for the stage breakdown.
+    times: dict[str, tuple[float, float]] = field(default_factory=dict)
+    stages: list[tuple[str, float]] = field(default_factory=list)
 
 
 def e2e(
@@ -387,10 +390,48 @@ def e2e(
     expected = echoes.count + outcomes.get("200", 0)
     echoes.wait_for(expected, on_calls=match, progress=progress)
     values = sorted(latencies.values())
+    times = {token: (sent[token], sent[token] + latency) for token, latency in latencies.items()}
     if len(values) < 2:
-        return Latency(float("nan"), float("nan"), len(sent), len(values), dict(outcomes))
+        return Latency(float("nan"), float("nan"), len(sent), len(values), dict(outcomes), times)
     cuts = statistics.quantiles(values, n=100, method="inclusive")
-    return Latency(cuts[49] * 1000, cuts[98] * 1000, len(sent), len(values), dict(outcomes))
+    return Latency(cuts[49] * 1000, cuts[98] * 1000, len(sent), len(values), dict(outcomes), times)
+
+
+# Where an echo's time goes, from its rows' timestamps (each taken in Python just before the
+# row's statement) between the client's send and the sandbox's receipt.
+_STAGES_SQL = """
+SELECT substring(u.payload->'message'->>'text' from 'e2e-[0-9]+-[0-9]+'),
+       extract(epoch from u.received_at),
+       extract(epoch from (SELECT min(r.created_at) FROM bots_consumerrun r WHERE r.update_id = u.id)),
+       extract(epoch from m.created_at),
+       extract(epoch from (SELECT min(a.started_at) FROM outbox_attempt a WHERE a.message_id = m.id)),
+       extract(epoch from m.sent_at)
+FROM bots_inboundupdate u JOIN outbox_outboundmessage m ON m.source_update_id = u.id
+WHERE u.payload->'message'->>'text' LIKE 'e2e-%'
+"""
+STAGE_NAMES = (
+    "client → update row",
+    "update row → runs written (wake-up, hop, routing)",
+    "runs written → reply row (the consumers)",
+    "reply row → attempt row (claim, slots)",
+    "attempt row → sandbox has it",
+    "sandbox has it → sent mark",
+)
+
+
+def dovecote_stages(db: str, latency: Latency) -> list[tuple[str, float]]:
+    """The median of each stage, in ms, over the echoes the e2e run matched."""
+    spans: list[list[float]] = [[] for _ in STAGE_NAMES]
+    for line in psql_db(db, _STAGES_SQL).splitlines():
+        token, *marks = line.split("|")
+        if token not in latency.times or "" in marks:
+            continue
+        sent, received = latency.times[token]
+        update, runs, reply, attempt, sent_mark = (float(m) for m in marks)
+        points = [sent, update, runs, reply, attempt, received, sent_mark]
+        for n in range(len(STAGE_NAMES)):
+            spans[n].append((points[n + 1] - points[n]) * 1000)
+    return [(name, statistics.median(values)) for name, values in zip(STAGE_NAMES, spans, strict=True) if values]
 
 
 # -------------------------------------------------------------------------- processes
@@ -738,6 +779,7 @@ def run_dovecote(
     echoes = Echoes(sandbox, DOVECOTE_TOKEN)
     e2e(url, echoes, 2, 6 * ID_BLOCK, dovecote_progress(db))  # warm-up: the worker's connections
     whole.latency = e2e(url, echoes, e2e_seconds, 7 * ID_BLOCK, dovecote_progress(db))
+    whole.latency.stages = dovecote_stages(db, whole.latency)
     whole.notes.append("e2e with the rate limiter on (production default)")
 
     # 4. A paid-broadcast bot (1,000 messages/s) at 100 updates/s over 1,500 chats.
@@ -799,6 +841,8 @@ def report(rows: dict[str, Row], loader: Loader, seconds: float, e2e_seconds: fl
                 f"  {key}: e2e sent {row.latency.sent}, webhook answers {row.latency.outcomes}, "
                 f"echoes matched {row.latency.answered}"
             )
+            for name, ms in row.latency.stages:
+                print(f"  {key}: e2e p50 {ms:6.2f} ms  {name}")
     print()
     checks = []
     bare, ptb = rows.get("bare"), rows.get("ptb")
