@@ -115,6 +115,9 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
     }
 else:
+    if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+        # The same backend, with a health check that asks the socket before the server.
+        DATABASES["default"]["ENGINE"] = "project.postgresql"
     # Persistent connections: a connection per request caps the webhook near 150 req/s,
     # against ~1,700 with connections kept open (measured on a 2-core machine).
     DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=600)

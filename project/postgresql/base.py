@@ -1,0 +1,47 @@
+"""Django's PostgreSQL backend, with a connection health check that costs no round trip.
+
+CONN_HEALTH_CHECKS makes Django send a `SELECT 1` before the first statement of every
+request and every Celery task (project/celery.py runs Django's check around each task): a
+round trip of its own on each router, consumer run and drain. A connection that PostgreSQL
+ended (a restart, pg_terminate_backend, an idle timeout, PgBouncer going away) is told by
+its socket: the server's FATAL message or its close makes an idle connection readable. So
+the check first asks the socket, without waiting; only a connection with something to read,
+or not idle, gets Django's `SELECT 1` (which then finds it dead, or reads what was waiting).
+A connection whose peer vanished without a word (a cable cut) passes this check as it would
+pass nothing: the `SELECT 1` would hang on it just the same.
+"""
+
+from __future__ import annotations
+
+import select
+
+from django.db.backends.postgresql import base
+from psycopg import pq
+
+
+class DatabaseWrapper(base.DatabaseWrapper):
+    def close_if_health_check_failed(self) -> None:
+        if (
+            self.connection is not None
+            and self.health_check_enabled
+            and not self.health_check_done
+            and not self.pool
+            and quiet(self.connection)
+        ):
+            self.health_check_done = True
+            return
+        super().close_if_health_check_failed()
+
+
+def quiet(connection: object) -> bool:
+    """True when the connection is open, idle outside a transaction, and its socket has
+    nothing to read: nothing says it is broken. False: ask the server."""
+    try:
+        pgconn = connection.pgconn  # type: ignore[attr-defined]
+        if pgconn.status != pq.ConnStatus.OK or pgconn.transaction_status != pq.TransactionStatus.IDLE:
+            return False
+        poller = select.poll()
+        poller.register(pgconn.socket, select.POLLIN | select.POLLPRI)
+        return not poller.poll(0)
+    except Exception:  # noqa: BLE001 - any doubt: the usual check decides
+        return False
