@@ -20,7 +20,7 @@ from django.dispatch import receiver
 from django.utils import timezone
 
 from bots import registry, transitions
-from bots.models import Bot, ConsumerRun, InboundUpdate, RunState, UpdateState
+from bots.models import Bot, ConsumerRun, InboundUpdate, RunState
 from outbox import circuits, metrics, wakeups
 from outbox import dispatch as outbox_dispatch
 from outbox.failpoints import failpoint
@@ -170,17 +170,11 @@ def inbox_update_route(update_pk: int) -> list[int]:
     return [pk for pk, _, _ in routing.runs]
 
 
-def inbox_updates_route(bot_id: int, *, limit: int = ROUTE_BATCH_SIZE, bot: Bot | None = None) -> int:
+def inbox_updates_route(bot_id: int, *, limit: int = ROUTE_BATCH_SIZE) -> int:
     """Route up to `limit` of the bot's new updates, oldest first: their runs written and the
     updates marked routed in one statement, then the inline-safe runs run here. Updates a
     router on another worker routed first are left to it. Returns how many it routed."""
-    if bot is None:
-        bot = Bot.objects.filter(pk=bot_id).first()
-    taken = transitions.updates_to_route(bot_id=bot_id, limit=limit)
-    for update in taken:
-        if bot is not None:
-            update._state.fields_cache["bot"] = bot  # one bot: no query per update
-    routed, routing = _route(taken)
+    routed, routing = _route(transitions.updates_to_route(bot_id=bot_id, limit=limit))
     _run_inline_and_log(routed, routing)
     return len(routed)
 
@@ -346,23 +340,21 @@ def inbox_router_run(bot_id: int) -> int:
     the time budget is spent (then a continuation follows). It holds the bot's wake-up key
     while it runs; it lets go of it when a batch comes back empty, then looks once more, so
     an update stored while the key was still held is never left without a router."""
-    started = time.monotonic()
+    started = renewed = time.monotonic()  # the wake-up that published this task set the key
     routed = 0
     holds_key = True
-    bot = Bot.objects.filter(pk=bot_id).first()
     while True:
-        if holds_key:
+        if holds_key and time.monotonic() - renewed > wakeups.RENEW_AFTER_SECONDS:
             wakeups.renew(_router_key(bot_id))
-        elif not InboundUpdate.objects.filter(bot_id=bot_id, state=UpdateState.NEW).exists():
-            return routed  # the look after letting go (one statement when, as usual, it is empty)
-        n = inbox_updates_route(bot_id, limit=ROUTE_BATCH_SIZE, bot=bot)
+            renewed = time.monotonic()
+        n = inbox_updates_route(bot_id, limit=ROUTE_BATCH_SIZE)
         routed += n
-        if n < ROUTE_BATCH_SIZE:
+        if n == 0 and not holds_key:
+            return routed  # the look after letting go (one statement when, as usual, it is empty)
+        if n < ROUTE_BATCH_SIZE and holds_key:
             # Nothing more was waiting when it looked: let go of the key, then look once more.
-            if holds_key:
-                wakeups.release(_router_key(bot_id))
-                holds_key = False
-            continue
+            wakeups.release(_router_key(bot_id))
+            holds_key = False
         if time.monotonic() - started > ROUTE_TIME_BUDGET_SECONDS:
             wakeups.hand_over(_router_key(bot_id), lambda: _publish_router(bot_id), holds_key=holds_key)
             return routed

@@ -26,11 +26,11 @@ RUN_WAITING = [RunState.PENDING, RunState.RETRY]
 
 def updates_to_route(*, bot_id: int | None = None, update_pk: int | None = None, limit: int) -> list[InboundUpdate]:
     """Up to `limit` of a bot's new updates (or the one update `update_pk`), oldest first
-    (through inbox_new_idx: a batch, not the whole backlog). Read, not locked: `route`
-    decides which of them this router routes."""
+    (through inbox_new_idx: a batch, not the whole backlog), their bot read in the same
+    statement. Read, not locked: `route` decides which of them this router routes."""
     if (bot_id is None) == (update_pk is None):
         raise ValueError("take the updates of one bot, or one update")
-    found = InboundUpdate.objects.filter(state=UpdateState.NEW)
+    found = InboundUpdate.objects.select_related("bot").filter(state=UpdateState.NEW)
     found = found.filter(bot_id=bot_id) if bot_id is not None else found.filter(pk=update_pk)
     return list(found.order_by("id")[:limit])
 

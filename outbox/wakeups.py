@@ -29,6 +29,10 @@ logger = logging.getLogger(__name__)
 # How long a key outlives a task that died, or a task lost with its broker message (a
 # running task renews it each round; a round slower than this only lets a second one start).
 KEY_TTL_MS = 5_000
+# A running task renews its key once this long has passed since it last did (or since the
+# wake-up set it): a round trip a second, not one per round. A key that expires anyway (its
+# task waited long in the queue) only lets a second task start, which the protocol allows.
+RENEW_AFTER_SECONDS = 1.0
 
 
 def key(kind: str, bot_id: int) -> str:
