@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import logging
+import random
 import secrets
 import time
-import uuid
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -45,7 +45,10 @@ _MESSAGE_TYPES = (
 
 
 def new_trace_id() -> str:
-    return uuid.uuid4().hex
+    """32 hex digits, unique in practice. Not a secret: Python's generator (reseeded from the
+    OS in every forked child) rather than uuid4's read of the OS's random source, a system
+    call on every webhook request that lets go of the GIL and waits to get it back."""
+    return f"{random.getrandbits(128):032x}"
 
 
 def describe_update(payload: dict[str, Any]) -> dict[str, Any]:
@@ -174,7 +177,8 @@ def inbox_updates_route(bot_id: int, *, limit: int = ROUTE_BATCH_SIZE) -> int:
     """Route up to `limit` of the bot's new updates, oldest first: their runs written and the
     updates marked routed in one statement, then the inline-safe runs run here. Updates a
     router on another worker routed first are left to it. Returns how many it routed."""
-    routed, routing = _route(transitions.updates_to_route(bot_id=bot_id, limit=limit))
+    circuits = _inline_circuits() if settings.DOVECOTE_INLINE_WORK else None
+    routed, routing = _route(transitions.updates_to_route(bot_id=bot_id, limit=limit, circuits=circuits))
     _run_inline_and_log(routed, routing)
     return len(routed)
 
@@ -239,6 +243,11 @@ def _route(updates: list[InboundUpdate]) -> tuple[list[InboundUpdate], Routing]:
     return [u for u in updates if u.pk in routed_ids], Routing(routed, inline)
 
 
+def _inline_circuits() -> list[str]:
+    """The circuit scopes of the consumers that may run inline: read with the updates."""
+    return sorted(circuits.consumer_scope(spec.name) for spec in registry.registered().values() if spec.inline)
+
+
 def _claimable_inline(
     updates: list[InboundUpdate],
     matched: dict[int, list[registry.ConsumerSpec]],
@@ -254,7 +263,11 @@ def _claimable_inline(
     specs = {spec.name: spec for u in updates for spec in matched[u.pk]}
     names = {name for _, name in inline_keys}
     scopes = {circuits.consumer_scope(name) for name in names}
-    unsettled = {c.scope for c in Circuit.objects.filter(scope__in=scopes) if _circuit_dirty(c)}
+    read = getattr(updates[0], "unsettled_circuits", None)  # read with the updates (transitions)
+    if read is not None:
+        unsettled = set(read) & scopes
+    else:
+        unsettled = {c.scope for c in Circuit.objects.filter(scope__in=scopes) if _circuit_dirty(c)}
     received = {u.pk: u.received_at for u in updates}
     return {
         (update_pk, name)

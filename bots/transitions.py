@@ -15,6 +15,7 @@ from typing import Any
 
 from django.db import connection, transaction
 from django.db.models import BigIntegerField, F, Q, Value
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
 
@@ -24,14 +25,29 @@ from project import rows
 RUN_WAITING = [RunState.PENDING, RunState.RETRY]
 
 
-def updates_to_route(*, bot_id: int | None = None, update_pk: int | None = None, limit: int) -> list[InboundUpdate]:
+def updates_to_route(
+    *, bot_id: int | None = None, update_pk: int | None = None, limit: int, circuits: list[str] | None = None
+) -> list[InboundUpdate]:
     """Up to `limit` of a bot's new updates (or the one update `update_pk`), oldest first
     (through inbox_new_idx: a batch, not the whole backlog), their bot read in the same
-    statement. Read, not locked: `route` decides which of them this router routes."""
+    statement. Read, not locked: `route` decides which of them this router routes.
+
+    `circuits` (PostgreSQL): scopes whose circuit the router needs; each update then carries
+    `unsettled_circuits`, those of them not plainly closed, read by the same statement."""
     if (bot_id is None) == (update_pk is None):
         raise ValueError("take the updates of one bot, or one update")
     found = InboundUpdate.objects.select_related("bot").filter(state=UpdateState.NEW)
     found = found.filter(bot_id=bot_id) if bot_id is not None else found.filter(pk=update_pk)
+    if circuits and connection.vendor == "postgresql":
+        from outbox.models import Circuit, CircuitState
+
+        found = found.annotate(
+            unsettled_circuits=RawSQL(  # noqa: S611 - no input in the text
+                f"ARRAY(SELECT scope FROM {Circuit._meta.db_table} WHERE scope = ANY(%s)"  # noqa: S608 - _meta
+                " AND NOT (state = %s AND consecutive_failures = 0))",
+                [circuits, CircuitState.CLOSED],
+            )
+        )
     return list(found.order_by("id")[:limit])
 
 

@@ -217,3 +217,40 @@ def test_a_reply_that_waits_for_its_chat_in_a_big_batch_is_handed_on_not_dropped
         assert "outbox.drain_bot" in queued_names()
     else:
         assert texts.index("Echo: first") < texts.index("Echo: second")
+
+
+def test_an_inline_consumer_paused_by_an_operator_is_not_run_by_the_router(bot, sandbox) -> None:
+    # The router reads the circuits of the inline consumers with the updates (one statement).
+    from outbox import circuits
+
+    circuits.pause(circuits.consumer_scope("auto_reply"), reason="an operator holds the replies")
+    store(bot, 521, 1, "held back")
+
+    assert inbox_updates_route(bot.pk) == 1
+
+    runs = {r.consumer: r for r in ConsumerRun.objects.filter(update__bot=bot)}
+    assert runs["analytics"].state == RunState.DONE
+    assert runs["auto_reply"].state == RunState.PENDING
+    assert runs["auto_reply"].attempts == 0
+    assert sandbox.sent_texts(token=bot.token) == []
+    assert not OutboundMessage.objects.filter(bot=bot).exists()
+
+    circuits.resume(circuits.consumer_scope("auto_reply"))
+    assert consumer_run_execute(runs["auto_reply"].pk) == "done"
+    assert sandbox.sent_texts(token=bot.token) == ["Echo: held back"]
+
+
+def test_an_inline_consumer_with_failures_on_record_runs_and_its_success_forgets_them(bot, sandbox) -> None:
+    from outbox import circuits
+    from outbox.models import Circuit, CircuitState
+
+    scope = circuits.consumer_scope("auto_reply")
+    circuits.record_failure(scope, reason="a blip")
+    store(bot, 522, 1, "after a blip")
+
+    assert inbox_updates_route(bot.pk) == 1
+
+    assert ConsumerRun.objects.get(update__bot=bot, consumer="auto_reply").state == RunState.DONE
+    assert sandbox.sent_texts(token=bot.token) == ["Echo: after a blip"]
+    circuit = Circuit.objects.get(scope=scope)
+    assert (circuit.state, circuit.consecutive_failures) == (CircuitState.CLOSED, 0)
