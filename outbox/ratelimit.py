@@ -11,9 +11,9 @@ through a key with a TTL, which wins over the limiter's own accounting. Without 
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
-import uuid
 from dataclasses import dataclass
 from functools import cache
 
@@ -297,7 +297,7 @@ def _take(
 ) -> tuple[str, float, Entry | None]:
     """Enter a send in the bot's window and take its chat's gate: ("go", 0, entry), or,
     taking nothing, ("paused" | "full" | "chat", seconds to wait, None)."""
-    entry = Entry(bot_id, uuid.uuid4().hex, gate)
+    entry = Entry(bot_id, f"{random.getrandbits(128):032x}", gate)  # as a trace id: no system call
     longest = _longest_wait()
     if settings.REDIS_URL:
         keys = [_pause_key(bot_id), _window_key(bot_id)] + ([gate[0]] if gate else [])

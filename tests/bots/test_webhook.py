@@ -380,3 +380,24 @@ def test_a_bot_without_a_webhook_secret_is_refused_unless_debug_is_on(client: Cl
     with override_settings(DEBUG=True):
         assert post(client, bare, message_update(1)).status_code == 200
     assert InboundUpdate.objects.count() == 1
+
+
+def test_trace_ids_differ_across_forked_processes_and_calls() -> None:
+    # gunicorn forks its workers from one master: each child draws its own trace ids.
+    import multiprocessing
+
+    from bots.services import new_trace_id
+
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        drawn = pool.map(_trace_ids, [50, 50])
+    ids = [*drawn[0], *drawn[1], *_trace_ids(50)]
+
+    assert len(set(ids)) == 150
+    assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
+    assert new_trace_id() != new_trace_id()
+
+
+def _trace_ids(n: int) -> list[str]:
+    from bots.services import new_trace_id
+
+    return [new_trace_id() for _ in range(n)]
