@@ -420,9 +420,35 @@ def acquire(
 def chat_wait(*, bot_id: int, chat_id: int | None) -> float:
     """Seconds until this chat may take a message (0: now), without taking it: the drain
     leaves a busy chat's message waiting before it spends a slot of the whole bot on it."""
-    if not settings.DOVECOTE_RATE_LIMITS_ENABLED or chat_id is None:
-        return 0.0
-    return _chat_test(_limiter(), parse(chat_limit_for(chat_id)), f"chat:{bot_id}:{chat_id}")
+    return chat_waits(bot_id=bot_id, chat_ids=[chat_id])[0]
+
+
+def chat_waits(*, bot_id: int, chat_ids: list[int | None]) -> list[float]:
+    """`chat_wait` for each of these chats (a drain's batch): the private chats' gates are
+    read in one round trip, not one each."""
+    if not settings.DOVECOTE_RATE_LIMITS_ENABLED:
+        return [0.0] * len(chat_ids)
+    waits = [0.0] * len(chat_ids)
+    gated: list[tuple[int, tuple[str, int]]] = []
+    limiter = _limiter()
+    for n, chat_id in enumerate(chat_ids):
+        if chat_id is None:
+            continue
+        item, key = parse(chat_limit_for(chat_id)), f"chat:{bot_id}:{chat_id}"
+        gate = _chat_gate(item, key)
+        if gate is None:
+            waits[n] = _chat_test(limiter, item, key)
+        else:
+            gated.append((n, gate))
+    if gated:
+        pipe = redis_client().pipeline(transaction=False)
+        for _, (name, _period) in gated:
+            pipe.pttl(name)
+        for (n, (_name, period)), left in zip(gated, pipe.execute(), strict=True):
+            # Held longer than a period: a send still on the way; look again in a period.
+            left = min(left, period)
+            waits[n] = left / 1000 if left > 0 else 0.0
+    return waits
 
 
 # A chat allowed one message per period (a private chat: 1/s) is gated by a Redis key, held

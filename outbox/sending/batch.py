@@ -200,11 +200,8 @@ def _slots_from_limiter(
         return [], None if longest is None else time.monotonic() + longest
     # A chat that took its message less than its limit ago waits without spending a slot
     # of the whole bot (as the single send tests the chat first).
-    busy = [
-        (m, ratelimit.Wait(w))
-        for m in messages
-        if (w := ratelimit.chat_wait(bot_id=bot.pk, chat_id=limited_chat_id(m))) > 0
-    ]
+    waits = ratelimit.chat_waits(bot_id=bot.pk, chat_ids=[limited_chat_id(m) for m in messages])
+    busy = [(m, ratelimit.Wait(w)) for m, w in zip(messages, waits, strict=True) if w > 0]
     if busy:
         _hold(busy, worker=worker, report=report)
         waiting = {m.pk for m, _ in busy}

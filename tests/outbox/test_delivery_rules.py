@@ -358,6 +358,19 @@ def test_a_private_chats_next_message_waits_a_second_from_the_answer_to_the_one_
     assert ratelimit.chat_wait(bot_id=bot.pk, chat_id=32) == 0  # another chat is free
 
 
+@pytest.mark.django_db
+def test_a_batchs_chats_are_looked_up_together_each_with_its_own_wait(bot) -> None:
+    # The drain asks for a whole batch's chats at once (one Redis round trip for the gates).
+    busy = ratelimit.acquire(bot_id=bot.pk, bot_rate=30, chat_id=41)
+    ratelimit.leave([busy.entry])
+
+    waits = ratelimit.chat_waits(bot_id=bot.pk, chat_ids=[41, 43, None, -42])
+
+    assert 0.9 < waits[0] <= 1.0  # a private chat answered just now: its gate is held
+    assert waits[1:] == [0.0, 0.0, 0.0]  # another chat, no chat at all, a group (its own window)
+    assert waits[0] == pytest.approx(ratelimit.chat_wait(bot_id=bot.pk, chat_id=41), abs=0.05)
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_reply_committed_while_its_heads_sent_mark_runs_is_handed_on_not_left_for_the_sweeper(bot) -> None:
     # Found by bench/sidebyside.py: under a burst a few replies stayed pending until the
