@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import random
 import secrets
 import time
 from collections.abc import Callable
@@ -30,6 +29,7 @@ from outbox.publishing import publish
 from outbox.sending import single
 from outbox.workers import worker_id
 from project import rows
+from project.ids import random_id
 
 logger = logging.getLogger(__name__)
 
@@ -45,10 +45,7 @@ _MESSAGE_TYPES = (
 
 
 def new_trace_id() -> str:
-    """32 hex digits, unique in practice. Not a secret: Python's generator (reseeded from the
-    OS in every forked child) rather than uuid4's read of the OS's random source, a system
-    call on every webhook request that lets go of the GIL and waits to get it back."""
-    return f"{random.getrandbits(128):032x}"
+    return random_id()
 
 
 def describe_update(payload: dict[str, Any]) -> dict[str, Any]:

@@ -11,7 +11,6 @@ through a key with a TTL, which wins over the limiter's own accounting. Without 
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from limits.strategies import MovingWindowRateLimiter
 from outbox import policy
 from project import connections
 from project.connections import redis_ssl_options
+from project.ids import random_id
 
 logger = logging.getLogger(__name__)
 
@@ -297,7 +297,7 @@ def _take(
 ) -> tuple[str, float, Entry | None]:
     """Enter a send in the bot's window and take its chat's gate: ("go", 0, entry), or,
     taking nothing, ("paused" | "full" | "chat", seconds to wait, None)."""
-    entry = Entry(bot_id, f"{random.getrandbits(128):032x}", gate)  # as a trace id: no system call
+    entry = Entry(bot_id, random_id(), gate)
     longest = _longest_wait()
     if settings.REDIS_URL:
         keys = [_pause_key(bot_id), _window_key(bot_id)] + ([gate[0]] if gate else [])
@@ -445,9 +445,7 @@ def chat_waits(*, bot_id: int, chat_ids: list[int | None]) -> list[float]:
         for _, (name, _period) in gated:
             pipe.pttl(name)
         for (n, (_name, period)), left in zip(gated, pipe.execute(), strict=True):
-            # Held longer than a period: a send still on the way; look again in a period.
-            left = min(left, period)
-            waits[n] = left / 1000 if left > 0 else 0.0
+            waits[n] = _gate_wait(left, period)
     return waits
 
 
@@ -462,12 +460,17 @@ def _chat_gate(item: object, key: str) -> tuple[str, int] | None:
     return f"{settings.DOVECOTE_REDIS_PREFIX}dovecote:chat-gate:{key}", period
 
 
+def _gate_wait(left_ms: int, period_ms: int) -> float:
+    """Seconds until a chat's gate is free, from its key's PTTL (negative: no gate). Held
+    longer than a period: a send still on the way; look again in a period."""
+    left = min(left_ms, period_ms)
+    return left / 1000 if left > 0 else 0.0
+
+
 def _chat_test(limiter: MovingWindowRateLimiter, item: object, key: str) -> float:
     gate = _chat_gate(item, key)
     if gate is not None:
-        # Held longer than a period: a send still on the way; look again in a period.
-        left = min(redis_client().pttl(gate[0]), gate[1])
-        return left / 1000 if left > 0 else 0.0
+        return _gate_wait(redis_client().pttl(gate[0]), gate[1])
     return 0.0 if limiter.test(item, key) else _wait(limiter, item, key)  # type: ignore[arg-type]
 
 
