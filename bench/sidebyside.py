@@ -364,6 +364,8 @@ class Latency:
     # By token: (sent, the sandbox's receipt), wall-clock seconds; for the stage breakdown.
     times: dict[str, tuple[float, float]] = field(default_factory=dict)
     stages: list[tuple[str, float]] = field(default_factory=list)
+    # The slowest echoes: (total ms, each stage's ms in STAGE_NAMES' order).
+    slowest: list[tuple[float, list[float]]] = field(default_factory=list)
 
 
 def e2e(
@@ -420,8 +422,10 @@ STAGE_NAMES = (
 
 
 def dovecote_stages(db: str, latency: Latency) -> list[tuple[str, float]]:
-    """The median of each stage, in ms, over the echoes the e2e run matched."""
+    """The median of each stage, in ms, over the echoes the e2e run matched (and, in
+    `latency.slowest`, the stages of its three slowest echoes)."""
     spans: list[list[float]] = [[] for _ in STAGE_NAMES]
+    echoes: list[tuple[float, list[float]]] = []
     for line in psql_db(db, _STAGES_SQL).splitlines():
         token, *marks = line.split("|")
         if token not in latency.times or "" in marks:
@@ -429,8 +433,11 @@ def dovecote_stages(db: str, latency: Latency) -> list[tuple[str, float]]:
         sent, received = latency.times[token]
         update, runs, reply, attempt, sent_mark = (float(m) for m in marks)
         points = [sent, update, runs, reply, attempt, received, sent_mark]
-        for n in range(len(STAGE_NAMES)):
-            spans[n].append((points[n + 1] - points[n]) * 1000)
+        stages = [(points[n + 1] - points[n]) * 1000 for n in range(len(STAGE_NAMES))]
+        for n, ms in enumerate(stages):
+            spans[n].append(ms)
+        echoes.append(((received - sent) * 1000, stages))
+    latency.slowest = sorted(echoes, reverse=True)[:3]
     return [(name, statistics.median(values)) for name, values in zip(STAGE_NAMES, spans, strict=True) if values]
 
 
@@ -843,6 +850,8 @@ def report(rows: dict[str, Row], loader: Loader, seconds: float, e2e_seconds: fl
             )
             for name, ms in row.latency.stages:
                 print(f"  {key}: e2e p50 {ms:6.2f} ms  {name}")
+            for total, stages in row.latency.slowest:
+                print(f"  {key}: a slow echo, {total:.1f} ms: " + " / ".join(f"{ms:.1f}" for ms in stages))
     print()
     checks = []
     bare, ptb = rows.get("bare"), rows.get("ptb")

@@ -27,7 +27,9 @@ def answers_at_once(update: Any) -> bool:
     return update.bot.responder in ("echo", "none")
 
 
-@consumer("auto_reply", update_types=["message"], max_attempts=5, inline=answers_at_once)
+@consumer(
+    "auto_reply", update_types=["message"], max_attempts=5, inline=answers_at_once, batch=replies.auto_reply_batch
+)
 def auto_reply(ctx: ConsumerContext) -> str:
     """Answer a chat's messages with the bot's responder (see bots/replies.py)."""
     return replies.auto_reply_run(ctx)
@@ -115,9 +117,8 @@ def _timestamp(value: Any) -> datetime | None:
     return None
 
 
-@consumer("analytics", max_attempts=3, inline=True)
-def analytics(ctx: ConsumerContext) -> str:
-    """One event row per update: type, chat, and latency from Telegram's date to receipt
+def analytics_event(ctx: ConsumerContext) -> AnalyticsEvent:
+    """The update's event row: type, chat, and latency from Telegram's date to receipt
     (whole seconds). An edit is timed from its `edit_date`: its `date` is the original
     message's, which may be months old."""
     update = ctx.update
@@ -130,7 +131,7 @@ def analytics(ctx: ConsumerContext) -> str:
         latency_ms = max(0, int((update.received_at - happened_at).total_seconds() * 1000))
         if latency_ms > _MAX_LATENCY_MS:
             latency_ms = None
-    event = AnalyticsEvent(
+    return AnalyticsEvent(
         bot_id=update.bot_id,
         update=update,
         update_type=update.update_type,
@@ -141,5 +142,16 @@ def analytics(ctx: ConsumerContext) -> str:
         received_at=update.received_at,
         latency_ms=latency_ms,
     )
-    rows.insert_once(event, unique=("update_id",))  # a re-run after a crash writes nothing new
+
+
+def analytics_batch(ctxs: list[ConsumerContext]) -> list[str]:
+    """The events of several runs in one statement."""
+    rows.insert_many_once([analytics_event(ctx) for ctx in ctxs], unique=("update_id",))
+    return ["recorded"] * len(ctxs)
+
+
+@consumer("analytics", max_attempts=3, inline=True, batch=analytics_batch)
+def analytics(ctx: ConsumerContext) -> str:
+    """One event row per update (analytics_event)."""
+    rows.insert_once(analytics_event(ctx), unique=("update_id",))  # a re-run after a crash writes nothing new
     return "recorded"

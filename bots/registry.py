@@ -117,6 +117,7 @@ class ConsumerSpec:
     enabled: Callable[[], bool] = field(default=lambda: True)
     timeout: float | None = None
     inline: bool | Callable[[InboundUpdate], bool] = False
+    batch: Callable[[list[ConsumerContext]], Sequence[Any]] | None = None
 
     def wants(self, update: InboundUpdate) -> bool:
         if not self.enabled():
@@ -158,13 +159,21 @@ def consumer(
     enabled: Callable[[], bool] | None = None,
     timeout: float | None = None,
     inline: bool | Callable[[InboundUpdate], bool] = False,
+    batch: Callable[[list[ConsumerContext]], Sequence[Any]] | None = None,
 ) -> Callable[[Callable[[ConsumerContext], Any]], Callable[[ConsumerContext], Any]]:
     """Register a consumer under a stable name (the name is stored in runs and keys).
 
     `inline`: the consumer is cheap and synchronous (no network call of its own, well under
     a second), so the router may run it in its own task right after routing, saving a Celery
     hop; a callable decides per update. Its run is still a row with its attempts and dead
-    letter, recovered by the sweeper if the router dies."""
+    letter, recovered by the sweeper if the router dies.
+
+    `batch`: the same work for several runs at once (the router's inline runs of one batch
+    of updates), e.g. their rows written in one statement instead of one each. It gets the
+    runs' contexts and returns one outcome per context, in order, as the consumer would
+    have. If it raises, nothing is settled from it: each run is then tried alone with the
+    consumer itself, its failure settled for that run only, so whatever the batch wrote
+    before it failed must be safe to write again (stable keys, insert once)."""
 
     def decorator(func: Callable[[ConsumerContext], Any]) -> Callable[[ConsumerContext], Any]:
         if name in _registry and _registry[name].func is not func:
@@ -180,6 +189,7 @@ def consumer(
             enabled=enabled or (lambda: True),
             timeout=timeout,
             inline=inline,
+            batch=batch,
         )
         return func
 
@@ -264,35 +274,43 @@ class ConsumerContext:
         time) gets the first one back: the first answer is the one the chat receives."""
         from outbox.services import IdempotencyConflict, MessageRejected, outbound_message_enqueue
 
-        key = key or self.idempotency_key()
-        self._sent += 1
+        call = self._enqueue_call(chat_id=chat_id, payload=payload, method=method, key=key, options=options)
         try:
-            message, _ = outbound_message_enqueue(
-                bot_id=self.update.bot_id,
-                chat_id=chat_id,
-                method=method,
-                payload=payload,
-                idempotency_key=key,
-                trace_id=self.trace_id,
-                source_update_id=self.update.pk,
-                consumer=self.consumer,
-                user_id=self.update.user_id,
-                **options,
-            )
+            message, _ = outbound_message_enqueue(**call)
         except MessageRejected as exc:
             raise PermanentError(f"the outbox refused the message: {exc}") from exc
         except IdempotencyConflict as conflict:
-            logger.info(
-                "message %s: a retry wrote another text under key %s; the first stands", conflict.message.pk, key
-            )
+            _first_stands(conflict.message)
             return conflict.message
         return message
 
     def reply(self, text: str, **payload: Any) -> OutboundMessage:
         """Answer in the update's chat."""
+        return self.send(**self._reply_call(text, payload))
+
+    def _reply_call(self, text: str, payload: dict[str, Any]) -> dict[str, Any]:
         if self.update.chat_id is None:
             raise PermanentError("this update has no chat to reply to")
-        return self.send(chat_id=self.update.chat_id, payload={"text": text, **payload})
+        return {"chat_id": self.update.chat_id, "payload": {"text": text, **payload}}
+
+    def _enqueue_call(
+        self, *, chat_id: int, payload: dict[str, Any], method: str, key: str | None, options: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The outbox call `send` makes, its key taken (the next of this run's, by default)."""
+        key = key or self.idempotency_key()
+        self._sent += 1
+        return {
+            "bot_id": self.update.bot_id,
+            "chat_id": chat_id,
+            "method": method,
+            "payload": payload,
+            "idempotency_key": key,
+            "trace_id": self.trace_id,
+            "source_update_id": self.update.pk,
+            "consumer": self.consumer,
+            "user_id": self.update.user_id,
+            **options,
+        }
 
     def effect_key(self, operation: str) -> str:
         """One key per effect: (bot, update, consumer, operation). A retry of this run
@@ -320,3 +338,30 @@ class ConsumerContext:
         except effects.EffectAmbiguous as exc:
             # Retrying cannot settle it: an operator decides on the reconciliation case.
             raise PermanentError(str(exc)) from exc
+
+
+def replies(answers: Sequence[tuple[ConsumerContext, str]]) -> list[OutboundMessage]:
+    """`ctx.reply(text)` for several runs' contexts, written in one go (a batch consumer's
+    answers, in order): one INSERT for the lot on PostgreSQL. A message the outbox refuses
+    raises PermanentError before anything is written (the batch then runs one by one, and
+    only that run fails)."""
+    from outbox.services import MessageRejected, outbound_messages_enqueue
+
+    calls = [
+        ctx._enqueue_call(method="sendMessage", key=None, options={}, **ctx._reply_call(text, {}))
+        for ctx, text in answers
+    ]
+    try:
+        enqueued = outbound_messages_enqueue(calls)
+    except MessageRejected as exc:
+        raise PermanentError(f"the outbox refused a message: {exc}") from exc
+    for each in enqueued:
+        if each.conflict:
+            _first_stands(each.message)
+    return [each.message for each in enqueued]
+
+
+def _first_stands(message: OutboundMessage) -> None:
+    logger.info(
+        "message %s: a retry wrote another text under key %s; the first stands", message.pk, message.idempotency_key
+    )

@@ -24,7 +24,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from bots import transitions
+from bots import registry, transitions
 from bots.models import ChatState, InboundUpdate
 from bots.registry import ConsumerContext, Defer, PermanentError
 from bots.responders import Conversation, Responder, get_responder
@@ -134,11 +134,39 @@ def auto_reply_run(ctx: ConsumerContext) -> str:
     return f"answered {len(texts)}"
 
 
-def _answer_at_once(ctx: ConsumerContext, responder: Responder) -> str:
+def auto_reply_batch(ctxs: list[ConsumerContext]) -> list[str]:
+    """auto_reply_run for the runs of one router's batch (one bot): with no debounce, the
+    answers written in one statement and the chats' guards moved in one more, in the order
+    of `_answer_at_once` (replies first, then the guards); with a debounce, one by one."""
+    if not ctxs or debounce_seconds() > 0:
+        return [auto_reply_run(ctx) for ctx in ctxs]
+    outcomes: dict[int, str] = {}
+    answers: list[tuple[ConsumerContext, str]] = []
+    bot = ctxs[0].bot
+    responder = get_responder(bot.responder) if bot.responder != "none" else None
+    for n, ctx in enumerate(ctxs):
+        update = ctx.update
+        if bot.responder == "none":
+            outcomes[n] = "no-responder"
+        elif responder is None:
+            raise PermanentError(f"unknown responder {bot.responder!r}")
+        elif update.chat_id is None or update.message_id is None:
+            outcomes[n] = "no-chat"
+        elif not ctx.text:
+            outcomes[n] = "no-text"
+        else:
+            answers.append((ctx, _answer(ctx, responder)))
+            outcomes[n] = "answered 1"
+    registry.replies(answers)
+    transitions.note_chats_answered(
+        bot_id=bot.pk, answered=[(ctx.update.chat_id, ctx.update.message_id) for ctx, _ in answers]
+    )
+    return [outcomes[n] for n in range(len(ctxs))]
+
+
+def _answer(ctx: ConsumerContext, responder: Responder) -> str:
     update = ctx.update
-    if not ctx.text:
-        return "no-text"
-    reply = responder(
+    return responder(
         Conversation(
             bot=ctx.bot,
             chat_id=update.chat_id,
@@ -147,6 +175,13 @@ def _answer_at_once(ctx: ConsumerContext, responder: Responder) -> str:
             trace_id=ctx.trace_id,
         )
     )
+
+
+def _answer_at_once(ctx: ConsumerContext, responder: Responder) -> str:
+    update = ctx.update
+    if not ctx.text:
+        return "no-text"
+    reply = _answer(ctx, responder)
     # The reply first, then the guard, each committed alone: a crash between them leaves the
     # guard behind, never ahead, and the run's retry finds the reply by its key.
     ctx.reply(reply)

@@ -437,11 +437,11 @@ def _consumer_run_execute(run_pk: int, named: Callable[[str], None]) -> str:
 def consumer_runs_execute_inline(runs: list[ConsumerRun]) -> dict[int, str]:
     """The router's inline runs of one batch, just routed and committed: the single run's
     rules at a batch's price. The runs are claimed (most were written claimed, `_route`; the
-    others in one statement), each consumer runs
-    (a failure is settled for its run alone, as `consumer_run_execute` settles it), the
-    replies they wrote are sent together, and the successes are marked done in one
-    statement. A run whose consumer's circuit is not plainly closed takes the single path.
-    Returns each run's outcome.
+    others in one statement), each consumer runs for all its runs at once (its batch form,
+    `_attempt_all`; a failure is settled for its run alone, as `consumer_run_execute` settles
+    it), the replies a consumer wrote are sent together before the next consumer runs, and
+    the successes are marked done in one statement. A run whose consumer's circuit is not
+    plainly closed takes the single path. Returns each run's outcome.
 
     A crash mid-batch leaves the claimed runs `running`: the sweeper retries them at their
     lease's end, and their effects are guarded by stable keys, so a second run writes nothing
@@ -476,38 +476,68 @@ def consumer_runs_execute_inline(runs: list[ConsumerRun]) -> dict[int, str]:
     held: list[tuple[int, int]] = []
     done: dict[int, str] = {}
     bots = {run.bot_id: run.update.bot for run in ready[:1]}  # a router's batch has one bot
+    groups: dict[str, list[ConsumerRun]] = {}
+    for run in ready:
+        if run.pk in claimed:
+            run.attempts = claimed[run.pk] - 1  # the attempt about to run counts once it does
+            groups.setdefault(run.consumer, []).append(run)
+        else:
+            outcomes[run.pk] = _counted(specs[run.pk].name, "claimed-elsewhere")
     try:
-        with outbox_dispatch.holding() as held:
-            for run in ready:
-                spec = specs[run.pk]
-                if run.pk not in claimed:
-                    outcomes[run.pk] = _counted(spec.name, "claimed-elsewhere")
-                    continue
-                current_trace_id.set(run.trace_id)
-                run.attempts = claimed[run.pk] - 1  # _attempt counts this one
-                outcome, returned = _attempt(run, spec, worker=worker)
+        for name, group in groups.items():
+            with outbox_dispatch.holding() as held:
+                attempted = _attempt_all(group, registry.get(name), worker=worker)
+            for run, (outcome, returned) in zip(group, attempted, strict=True):
                 if outcome == "done":
                     done[run.pk] = returned
                 outcomes[run.pk] = outcome
-                if len(held) >= settings.DOVECOTE_DRAIN_BATCH_SIZE:
-                    # A full send batch goes now: a big batch's first replies do not wait
-                    # for its last runs. Taken out of `held` first: what this send hands on
-                    # (a reply that must wait for its chat's earlier one) is held again here,
-                    # and goes with the next batch.
-                    batch = held[:]
-                    held.clear()
-                    single.send_held(batch, bots=bots)
-        failpoint("after_inline_runs")  # the runs claimed and run, their replies committed
+            failpoint("after_inline_runs")  # a consumer's runs run, their replies committed, not sent
+            # A consumer's replies go before the next consumer runs (the answer does not wait
+            # for the analytics), a drain's batch at a time; what cannot go now is handed to
+            # the bot's drain.
+            while held:
+                single.send_held(held[: settings.DOVECOTE_DRAIN_BATCH_SIZE], bots=bots)
+                del held[: settings.DOVECOTE_DRAIN_BATCH_SIZE]
     finally:
-        # The replies first (they are committed; the answer should not wait for bookkeeping),
-        # then the runs marked done: a crash between them re-runs the runs, whose replies'
-        # keys are taken, so nothing is sent twice.
+        # What a failure left unsent first (it is committed; the answer should not wait for
+        # bookkeeping), then the runs marked done: a crash between them re-runs the runs,
+        # whose replies' keys are taken, so nothing is sent twice.
         single.send_held(held, bots=bots)
         transitions.mark_runs_done(done, worker=worker)
     for run in ready:
         if run.pk in claimed:
             _counted(specs[run.pk].name, outcomes[run.pk])
     return outcomes
+
+
+def _attempt_all(runs: list[ConsumerRun], spec: registry.ConsumerSpec, *, worker: str) -> list[tuple[str, str]]:
+    """`_attempt` for several claimed runs of one consumer: in one call of its batch form
+    when it has one (registry.consumer's `batch`), else one by one. A batch that raises, or
+    answers for the wrong number of runs, settles nothing: each run is then tried alone,
+    and a failure is settled for its own run."""
+    if spec.batch is None or len(runs) < 2:
+        return [_attempt_traced(run, spec, worker=worker) for run in runs]
+    ctxs = [
+        registry.ConsumerContext(update=run.update, consumer=spec.name, trace_id=run.trace_id, attempt=run.attempts + 1)
+        for run in runs
+    ]
+    try:
+        returned = list(spec.batch(ctxs))
+        if len(returned) != len(runs):
+            raise ValueError(f"its batch answered for {len(returned)} of {len(runs)} runs")
+    except Exception as exc:  # noqa: BLE001 - each run then has its own attempt
+        logger.warning(
+            "consumer %s: a batch of %s runs failed (%s); running them one by one", spec.name, len(runs), _describe(exc)
+        )
+        return [_attempt_traced(run, spec, worker=worker) for run in runs]
+    for run in runs:
+        run.attempts += 1
+    return [("done", value if isinstance(value, str) else "done") for value in returned]
+
+
+def _attempt_traced(run: ConsumerRun, spec: registry.ConsumerSpec, *, worker: str) -> tuple[str, str]:
+    current_trace_id.set(run.trace_id)
+    return _attempt(run, spec, worker=worker)
 
 
 def _counted(consumer: str, outcome: str) -> str:

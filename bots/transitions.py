@@ -323,26 +323,36 @@ def mark_chat_answered(*, bot_id: int, chat_id: int, upto_message_id: int) -> bo
 def note_chat_answered(*, bot_id: int, chat_id: int, message_id: int) -> None:
     """Record an immediate (not coalesced) answer: the guard only ever moves forward, and
     answers to one message each may finish out of order."""
+    note_chats_answered(bot_id=bot_id, answered=[(chat_id, message_id)])
+
+
+def note_chats_answered(*, bot_id: int, answered: list[tuple[int, int]]) -> None:
+    """note_chat_answered for several (chat, message) answers of one bot: on PostgreSQL one
+    statement, each chat's row made or moved forward to the newest message answered."""
+    newest: dict[int, int] = {}
+    for chat_id, message_id in answered:
+        newest[chat_id] = max(message_id, newest.get(chat_id, message_id))
+    if not newest:
+        return
     now = timezone.now()
     if connection.vendor == "postgresql":
-        # One statement: the row is made or moved forward.
         table = ChatState._meta.db_table
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"""INSERT INTO {table} (bot_id, chat_id, last_answered_message_id, last_answered_at, updated_at)
-                    VALUES (%s, %s, %s, %s, %s)
-                    ON CONFLICT (bot_id, chat_id) DO UPDATE SET
-                      last_answered_message_id = GREATEST({table}.last_answered_message_id,
-                                                          EXCLUDED.last_answered_message_id),
-                      last_answered_at = EXCLUDED.last_answered_at, updated_at = EXCLUDED.updated_at""",  # noqa: S608
-                [bot_id, chat_id, message_id, now, now],
-            )
+        rows.execute(
+            f"""INSERT INTO {table} (bot_id, chat_id, last_answered_message_id, last_answered_at, updated_at)
+                SELECT %s, chat_id, message_id, %s, %s FROM unnest(%s::bigint[], %s::bigint[]) AS a(chat_id, message_id)
+                ON CONFLICT (bot_id, chat_id) DO UPDATE SET
+                  last_answered_message_id = GREATEST({table}.last_answered_message_id,
+                                                      EXCLUDED.last_answered_message_id),
+                  last_answered_at = EXCLUDED.last_answered_at, updated_at = EXCLUDED.updated_at""",  # noqa: S608
+            [bot_id, now, now, list(newest), list(newest.values())],
+        )
         return
-    ChatState.objects.bulk_create([ChatState(bot_id=bot_id, chat_id=chat_id)], ignore_conflicts=True)
-    # COALESCE first: SQLite's MAX() of a NULL is NULL (PostgreSQL's GREATEST skips it).
-    answered = Value(message_id, output_field=BigIntegerField())
-    ChatState.objects.filter(bot_id=bot_id, chat_id=chat_id).update(
-        last_answered_message_id=Greatest(Coalesce(F("last_answered_message_id"), answered), answered),
-        last_answered_at=now,
-        updated_at=now,
-    )
+    for chat_id, message_id in newest.items():
+        ChatState.objects.bulk_create([ChatState(bot_id=bot_id, chat_id=chat_id)], ignore_conflicts=True)
+        # COALESCE first: SQLite's MAX() of a NULL is NULL (PostgreSQL's GREATEST skips it).
+        answered_id = Value(message_id, output_field=BigIntegerField())
+        ChatState.objects.filter(bot_id=bot_id, chat_id=chat_id).update(
+            last_answered_message_id=Greatest(Coalesce(F("last_answered_message_id"), answered_id), answered_id),
+            last_answered_at=now,
+            updated_at=now,
+        )

@@ -7,8 +7,8 @@ The points, in the order a send passes them (tests/e2e/test_restart_points.py):
 `before_claim_commit` (the claim's UPDATE ran, its COMMIT did not), `after_claim`,
 `before_request` (the attempt row is committed, no request yet), `after_response` (an
 answer is in, not recorded), `after_record` (the outcome is committed). And one of the
-router's: `after_inline_runs` (a batch's inline runs claimed and run, their replies
-committed, nothing sent and no run marked done).
+router's: `after_inline_runs` (the first consumer's inline runs of a batch claimed and
+run, their replies committed, nothing sent and no run marked done).
 """
 
 import contextlib

@@ -14,6 +14,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from outbox import botapi, policy, ratelimit, retention, selectors, splitting, transitions
@@ -168,6 +169,115 @@ def outbound_message_enqueue(
     `ordered`: wait for the earlier messages of the chat; None means yes for messages and
     no for calls that are not messages (`NOT_A_MESSAGE`).
     """
+    call = _prepared(
+        bot_id=bot_id,
+        chat_id=chat_id,
+        payload=payload,
+        idempotency_key=idempotency_key,
+        method=method,
+        trace_id=trace_id,
+        source_update_id=source_update_id,
+        consumer=consumer,
+        user_id=user_id,
+        send_at=send_at,
+        expires_at=expires_at,
+        on_ambiguous=on_ambiguous,
+        ordered=ordered,
+        max_attempts=max_attempts,
+    )
+    messages: list[OutboundMessage] = []
+    if len(call.payloads) == 1 and connection.vendor == "postgresql":
+        # The common case (one message) is one statement, like the webhook's insert: no
+        # SELECT first, no savepoint.
+        message = call.message
+        created = rows.insert_once(message, unique=("bot_id", "idempotency_key"))
+        if not created:
+            message = OutboundMessage.objects.get(bot_id=bot_id, idempotency_key=idempotency_key)
+        messages.append(message)
+    else:
+        message, created = _get_or_create_parts(bot_id, idempotency_key, call.defaults, call.payloads, messages)
+    if not created and message.request_fingerprint and message.request_fingerprint != call.fingerprint:
+        raise IdempotencyConflict(message)
+    if created:
+        _dispatch_on_commit(messages)
+    return message, created
+
+
+@dataclass(frozen=True)
+class Enqueued:
+    """One message of `outbound_messages_enqueue`: the stored message, whether this call
+    wrote it, and whether its key named another call already (the stored one stands)."""
+
+    message: OutboundMessage
+    created: bool
+    conflict: bool
+
+
+def outbound_messages_enqueue(calls: list[dict[str, Any]]) -> list[Enqueued]:
+    """`outbound_message_enqueue` for several messages (its keyword arguments, one dict per
+    message), in order: on PostgreSQL one INSERT for the lot and, when keys were taken, one
+    read of their stored messages; ids follow the list, so a chat's messages go in its
+    order. A call the outbox refuses raises MessageRejected before anything is written. A
+    key that named another call comes back as that call's message (`conflict`), not as an
+    exception: the other calls are written all the same. A text that must be split goes
+    through the single path, and so do all the calls (send order is the list's)."""
+    prepared = [_prepared(**call) for call in calls]
+    if connection.vendor != "postgresql" or any(len(call.payloads) > 1 for call in prepared):
+        done: list[Enqueued] = []
+        for call in calls:
+            try:
+                done.append(Enqueued(*outbound_message_enqueue(**call), conflict=False))
+            except IdempotencyConflict as conflict:
+                done.append(Enqueued(conflict.message, created=False, conflict=True))
+        return done
+    rows.insert_many_once([call.message for call in prepared], unique=("bot_id", "idempotency_key"))
+    taken = [call for call in prepared if call.message.pk is None]
+    stored: dict[tuple[int, str], OutboundMessage] = {}
+    if taken:
+        keys = Q()
+        for call in taken:
+            keys |= Q(bot_id=call.message.bot_id, idempotency_key=call.message.idempotency_key)
+        stored = {(m.bot_id, m.idempotency_key): m for m in OutboundMessage.objects.filter(keys)}
+    enqueued: list[Enqueued] = []
+    for call in prepared:
+        if call.message.pk is not None:
+            enqueued.append(Enqueued(call.message, created=True, conflict=False))
+            continue
+        message = stored[(call.message.bot_id, call.message.idempotency_key)]
+        conflict = bool(message.request_fingerprint) and message.request_fingerprint != call.fingerprint
+        enqueued.append(Enqueued(message, created=False, conflict=conflict))
+    _dispatch_on_commit([e.message for e in enqueued if e.created])
+    return enqueued
+
+
+@dataclass
+class _Call:
+    """A checked call: its first (or only) message as a row to write, and every part's payload."""
+
+    message: OutboundMessage
+    defaults: dict[str, Any]  # what the parts of a split text share
+    payloads: list[dict[str, Any]]
+    fingerprint: str
+
+
+def _prepared(
+    *,
+    bot_id: int,
+    chat_id: int,
+    payload: dict[str, Any],
+    idempotency_key: str,
+    method: str = "sendMessage",
+    trace_id: str = "",
+    source_update_id: int | None = None,
+    consumer: str = "",
+    user_id: int | None = None,
+    send_at: datetime | None = None,
+    expires_at: datetime | None = None,
+    on_ambiguous: str = OnAmbiguous.HOLD,
+    ordered: bool | None = None,
+    max_attempts: int | None = None,
+) -> _Call:
+    """A call checked and made a row (unsaved): what both enqueues write."""
     validate_call(method, chat_id, payload, splittable=True)
     _validate_options(
         idempotency_key=idempotency_key, send_at=send_at, expires_at=expires_at, on_ambiguous=on_ambiguous
@@ -192,28 +302,21 @@ def outbound_message_enqueue(
         "max_attempts": max_attempts or settings.DOVECOTE_OUTBOX_MAX_ATTEMPTS,
         "next_attempt_at": max(send_at, now) if send_at else now,
     }
-    messages: list[OutboundMessage] = []
-    if len(payloads) == 1 and connection.vendor == "postgresql":
-        # The common case (one message) is one statement, like the webhook's insert: no
-        # SELECT first, no savepoint.
-        message = OutboundMessage(bot_id=bot_id, idempotency_key=idempotency_key, **defaults)
-        created = rows.insert_once(message, unique=("bot_id", "idempotency_key"))
-        if not created:
-            message = OutboundMessage.objects.get(bot_id=bot_id, idempotency_key=idempotency_key)
-        messages.append(message)
-    else:
-        message, created = _get_or_create_parts(bot_id, idempotency_key, defaults, payloads, messages)
-    if not created and message.request_fingerprint and message.request_fingerprint != fingerprint:
-        raise IdempotencyConflict(message)
-    if created:
-        delay = max(0.0, (message.next_attempt_at - now).total_seconds())
+    message = OutboundMessage(bot_id=bot_id, idempotency_key=idempotency_key, **defaults)
+    return _Call(message, defaults, payloads, fingerprint)
 
-        def dispatch_all() -> None:
-            for row in messages:
-                dispatch(row.pk, bot_id=row.bot_id, countdown=delay)
 
-        transaction.on_commit(dispatch_all)
-    return message, created
+def _dispatch_on_commit(messages: list[OutboundMessage]) -> None:
+    """Hand the messages just written to workers once their transaction commits."""
+    if not messages:
+        return
+    now = timezone.now()
+
+    def dispatch_all() -> None:
+        for row in messages:
+            dispatch(row.pk, bot_id=row.bot_id, countdown=max(0.0, (row.next_attempt_at - now).total_seconds()))
+
+    transaction.on_commit(dispatch_all)
 
 
 def _get_or_create_parts(

@@ -254,3 +254,76 @@ def test_an_inline_consumer_with_failures_on_record_runs_and_its_success_forgets
     assert sandbox.sent_texts(token=bot.token) == ["Echo: after a blip"]
     circuit = Circuit.objects.get(scope=scope)
     assert (circuit.state, circuit.consecutive_failures) == (CircuitState.CLOSED, 0)
+
+
+def test_a_batchs_replies_guards_and_events_are_written_in_one_statement_each(bot_factory, sandbox) -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from bots.models import AnalyticsEvent, ChatState
+
+    fast = bot_factory(rate_limit=1000)
+    for n in range(1, 21):
+        store(fast, 1900 + n, n, f"m{n}")
+    store(fast, 1901, 21, "m1 again")  # a second message of one chat in the same batch
+
+    with CaptureQueriesContext(connection) as statements:
+        assert inbox_updates_route(fast.pk) == 21
+
+    inserts = [q["sql"].split("(")[0].split()[-1].strip('"') for q in statements if q["sql"].startswith("INSERT")]
+    assert sorted(inserts) == ["bots_analyticsevent", "bots_chatstate", "outbox_outboundmessage"]
+    assert AnalyticsEvent.objects.filter(bot=fast).count() == 21
+    guards = dict(ChatState.objects.filter(bot=fast).values_list("chat_id", "last_answered_message_id"))
+    assert guards == {1900 + n: n for n in range(2, 21)} | {1901: 21}
+    replies = list(OutboundMessage.objects.filter(bot=fast).order_by("pk").values_list("payload__text", flat=True))
+    assert replies == [f"Echo: m{n}" for n in range(1, 21)] + ["Echo: m1 again"]  # ids follow the updates
+    assert ConsumerRun.objects.filter(update__bot=fast, state=RunState.DONE).count() == 42
+    # Every reply went but the chat's second, which waits for the chat's one message a second.
+    assert sorted(sandbox.sent_texts(token=fast.token)) == sorted(replies[:20])
+    assert OutboundMessage.objects.get(bot=fast, state=State.PENDING).payload == {"text": "Echo: m1 again"}
+
+
+@pytest.fixture
+def half_batch_consumer() -> Iterator[list[int]]:
+    """An inline consumer whose batch form writes two replies, then fails; alone it answers
+    every update but "bad", which it refuses for good. Yields the batch calls' sizes."""
+    calls: list[int] = []
+
+    def tally_batch(ctxs: list[registry.ConsumerContext]) -> list[str]:
+        calls.append(len(ctxs))
+        registry.replies([(ctx, f"tally: {ctx.text}") for ctx in ctxs[:2]])
+        raise RuntimeError("the batch broke halfway")
+
+    @registry.consumer("tally", update_types=["message"], max_attempts=3, inline=True, batch=tally_batch)
+    def tally(ctx: registry.ConsumerContext) -> str:
+        if ctx.text == "bad":
+            raise registry.PermanentError("tally refuses bad")
+        ctx.reply(f"tally: {ctx.text}")
+        return "tallied"
+
+    yield calls
+    registry.unregister("tally")
+
+
+def test_a_batch_that_fails_runs_one_by_one_and_writes_nothing_twice(bot_factory, sandbox, half_batch_consumer) -> None:
+    from outbox.models import DeadLetter
+
+    fast = bot_factory(rate_limit=1000)
+    for n, text in enumerate(["a", "b", "bad", "d"], start=1):
+        store(fast, 2000 + n, n, text)
+
+    assert inbox_updates_route(fast.pk) == 4
+
+    assert half_batch_consumer == [4]  # the batch ran once, then each run alone
+    runs = {r.update.text: r for r in ConsumerRun.objects.filter(update__bot=fast, consumer="tally")}
+    assert {t: (r.state, r.attempts) for t, r in runs.items()} == {
+        "a": (RunState.DONE, 1),
+        "b": (RunState.DONE, 1),
+        "bad": (RunState.FAILED, 1),
+        "d": (RunState.DONE, 1),
+    }
+    assert DeadLetter.objects.get(consumer_run=runs["bad"]).reason_class == "permanent"
+    # The batch's two replies are found by their keys, not written again (each chat's echo
+    # went first; these wait for the chat's one message a second).
+    tallies = OutboundMessage.objects.filter(bot=fast, payload__text__startswith="tally:")
+    assert sorted(tallies.values_list("payload__text", flat=True)) == ["tally: a", "tally: b", "tally: d"]
