@@ -96,7 +96,9 @@ class UpdateState(models.TextChoices):
 class InboundUpdate(models.Model):
     """A Telegram update, stored before the webhook answers 200. Unique per (bot, update_id)."""
 
-    bot = models.ForeignKey(Bot, on_delete=models.PROTECT, related_name="updates")
+    # No index of its own: inbox_unique_update_per_bot (bot, update_id) serves every look by
+    # bot, and each index costs every insert and state change (the webhook's hot path).
+    bot = models.ForeignKey(Bot, on_delete=models.PROTECT, related_name="updates", db_index=False)
     update_id = models.BigIntegerField()
     update_type = models.CharField(max_length=40, blank=True, help_text="message, callback_query, ...")
     chat_id = models.BigIntegerField(null=True, blank=True)
@@ -158,7 +160,8 @@ class RunState(models.TextChoices):
 class ConsumerRun(models.Model):
     """One consumer's processing of one update, retried independently of the others."""
 
-    update = models.ForeignKey(InboundUpdate, on_delete=models.CASCADE, related_name="runs")
+    # Looked up through run_unique_consumer_per_update (update, consumer): no index of its own.
+    update = models.ForeignKey(InboundUpdate, on_delete=models.CASCADE, related_name="runs", db_index=False)
     bot = models.ForeignKey(Bot, on_delete=models.PROTECT, related_name="consumer_runs")
     consumer = models.CharField(max_length=100)
     state = models.CharField(max_length=16, choices=RunState.choices, default=RunState.PENDING)
@@ -201,7 +204,8 @@ class ChatState(models.Model):
     """Per (bot, chat) reply guard: the newest message already answered. Moved forward only
     by a conditional UPDATE, so two workers can never both answer the same messages."""
 
-    bot = models.ForeignKey(Bot, on_delete=models.CASCADE, related_name="chat_states")
+    # chatstate_unique_chat_per_bot (bot, chat) serves a look by bot.
+    bot = models.ForeignKey(Bot, on_delete=models.CASCADE, related_name="chat_states", db_index=False)
     chat_id = models.BigIntegerField()
     last_answered_message_id = models.BigIntegerField(
         null=True, blank=True, help_text="Messages up to this id have been answered; they never get a second answer."
@@ -223,7 +227,8 @@ class ChatState(models.Model):
 class AnalyticsEvent(models.Model):
     """One row per update, written by the `analytics` consumer (for the dashboard)."""
 
-    bot = models.ForeignKey(Bot, on_delete=models.CASCADE, related_name="analytics_events")
+    # analytics_bot_received_idx (bot, received_at) serves a look by bot.
+    bot = models.ForeignKey(Bot, on_delete=models.CASCADE, related_name="analytics_events", db_index=False)
     update = models.OneToOneField(
         InboundUpdate, on_delete=models.CASCADE, related_name="analytics_event", help_text="The update it describes."
     )

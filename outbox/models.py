@@ -43,7 +43,8 @@ class OnAmbiguous(models.TextChoices):
 class OutboundMessage(models.Model):
     """One outgoing Bot API call. It exists as a row before it exists as a request."""
 
-    bot = models.ForeignKey("bots.Bot", on_delete=models.PROTECT, related_name="outbound_messages")
+    # No index of its own: outbox_unique_key_per_bot (bot, key) serves every look by bot.
+    bot = models.ForeignKey("bots.Bot", on_delete=models.PROTECT, related_name="outbound_messages", db_index=False)
     chat_id = models.BigIntegerField(help_text="Telegram chat the call goes to.")
     user_id = models.BigIntegerField(null=True, blank=True, help_text="The person it concerns, if any.")
     method = models.CharField(max_length=64, default="sendMessage", help_text="Bot API method, e.g. sendMessage.")
@@ -145,7 +146,8 @@ class OutboundMessage(models.Model):
 class Attempt(models.Model):
     """One request to the Bot API, written before the request goes out."""
 
-    message = models.ForeignKey(OutboundMessage, on_delete=models.CASCADE, related_name="attempt_set")
+    # attempt_unique_number (message, number) serves a look by message.
+    message = models.ForeignKey(OutboundMessage, on_delete=models.CASCADE, related_name="attempt_set", db_index=False)
     number = models.PositiveIntegerField()
     worker = models.CharField(max_length=200, blank=True)
     started_at = models.DateTimeField(help_text="Written before the request was sent.")
