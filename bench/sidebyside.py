@@ -537,6 +537,10 @@ def cpu(groups: dict[str, int], db: str | None) -> dict[str, float]:
     redis_cpu = process_cpu(redis_pid())
     if redis_cpu is not None:
         snapshot["redis"] = redis_cpu
+    for name, pid in groups.items():  # the tree's main process alone (gunicorn's, Celery's)
+        seconds = process_cpu(pid)
+        if seconds is not None:
+            snapshot[f"main:{name}"] = seconds
     if db is not None:
         sql = "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
         for pid in map(int, psql_db(db, sql).split()):
@@ -618,7 +622,7 @@ def throughput(
         row.redis_ms = used.get("redis", 0.0) / handled * 1000
     row.notes.append(
         "CPU s: "
-        + ", ".join(f"{name} {used[name]:.2f}" for name in groups)
+        + ", ".join(f"{name} {used[name]:.2f} (main process {used.get('main:' + name, 0.0):.2f})" for name in groups)
         + (f"; PostgreSQL backends of its database {postgres:.2f}" if db is not None else "")
         + f"; redis-server {used.get('redis', 0.0):.2f} (shared)"
     )
