@@ -493,11 +493,10 @@ def consumer_runs_execute_inline(runs: list[ConsumerRun]) -> dict[int, str]:
                 outcomes[run.pk] = outcome
             failpoint("after_inline_runs")  # a consumer's runs run, their replies committed, not sent
             # A consumer's replies go before the next consumer runs (the answer does not wait
-            # for the analytics), a drain's batch at a time; what cannot go now is handed to
+            # for the analytics), a batch of sends at a time; what cannot go now is handed to
             # the bot's drain.
-            while held:
-                single.send_held(held[: settings.DOVECOTE_DRAIN_BATCH_SIZE], bots=bots)
-                del held[: settings.DOVECOTE_DRAIN_BATCH_SIZE]
+            single.send_held(held, bots=bots)
+            held = []
     finally:
         # What a failure left unsent first (it is committed; the answer should not wait for
         # bookkeeping), then the runs marked done: a crash between them re-runs the runs,

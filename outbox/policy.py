@@ -9,6 +9,11 @@ FREE_RATE_LIMITED_ATTEMPTS = 20
 # A Celery countdown longer than this is not parked in Redis (its visibility timeout would
 # redeliver it); the row's next_attempt_at holds the wait and the sweeper dispatches it.
 MAX_BROKER_COUNTDOWN_SECONDS = 60.0
+# The most requests a batch of sends has in flight together (and so the HTTP client's
+# connections per process): a bot with room for more than DOVECOTE_DRAIN_BATCH_SIZE within
+# a batch's slot horizon (a paid broadcast bot, or the limiter off) sends batches up to this
+# big (outbox.sending.batch.send_batch_size).
+MAX_SEND_BATCH = 32
 
 
 def answer_wait_seconds() -> float:

@@ -40,15 +40,37 @@ def texts_by_chat(sandbox, bot) -> dict[int, list[str]]:
     return chats
 
 
+@pytest.mark.parametrize(
+    ("rate_limit", "limiter", "drain_batch", "size"),
+    [
+        (30, True, 8, 8),  # Telegram's default: the horizon's 7.5 slots
+        (50, True, 8, 13),
+        (1000, True, 8, 32),  # a paid broadcast bot: at most MAX_SEND_BATCH in flight
+        (30, False, 8, 32),  # the limiter off: nothing to wait for
+        (1000, True, 1, 1),  # 1: one message per task, as the setting says
+        (30, True, 50, 50),  # an operator's bigger batch stands
+    ],
+)
+def test_a_batch_of_sends_is_as_big_as_the_bots_rate_allows(
+    settings, rate_limit: int, limiter: bool, drain_batch: int, size: int
+) -> None:
+    from bots.models import Bot
+
+    settings.DOVECOTE_RATE_LIMITS_ENABLED = limiter
+    settings.DOVECOTE_DRAIN_BATCH_SIZE = drain_batch
+    assert batch.send_batch_size(Bot(rate_limit=rate_limit)) == size
+
+
 @pytest.mark.django_db
 @pytest.mark.usefixtures("no_limits")
 def test_a_drain_sends_every_due_message_once_a_batch_at_a_time(bot, sandbox) -> None:
-    messages = [enqueue(bot, chat_id=1000 + i, text=f"note {i}") for i in range(20)]
+    messages = [enqueue(bot, chat_id=1000 + i, text=f"note {i}") for i in range(70)]
 
     report = batch.outbound_messages_drain(bot.pk)
 
-    assert (report.sent, report.failed, report.batches) == (20, 0, 3)  # 8 + 8 + 4
-    assert len(sandbox.calls(token=bot.token, method="sendMessage")) == 20
+    # With the limiter off a batch is policy.MAX_SEND_BATCH (32) messages: 32 + 32 + 6.
+    assert (report.sent, report.failed, report.batches) == (70, 0, 3)
+    assert len(sandbox.calls(token=bot.token, method="sendMessage")) == 70
     rows = OutboundMessage.objects.filter(pk__in=[m.pk for m in messages])
     assert {(m.state, m.attempts) for m in rows} == {(State.SENT, 1)}
     assert all(m.telegram_message_id and m.sent_at and not m.lease_owner for m in rows)
