@@ -24,3 +24,25 @@ class AddIndexConcurrentlyOnPostgres(AddIndexConcurrently):
             super().database_backwards(app_label, schema_editor, from_state, to_state)
         else:
             migrations.AddIndex.database_backwards(self, app_label, schema_editor, from_state, to_state)
+
+
+def drop_indexes_concurrently(indexes: list[tuple[str, str, str]]) -> migrations.RunPython:
+    """Drop these (table, column, index name) single-column indexes, `CONCURRENTLY` on
+    PostgreSQL so writes go on meanwhile; backwards, build them again the same way. For
+    indexes Django made by itself (a foreign key's), whose drop through the state would also
+    drop and re-add the constraint. The migration must say `atomic = False`."""
+
+    def concurrently(schema_editor: Any) -> str:
+        return " CONCURRENTLY" if schema_editor.connection.vendor == "postgresql" else ""
+
+    def drop(apps: Any, schema_editor: Any) -> None:
+        how = concurrently(schema_editor)
+        for _, _, name in indexes:
+            schema_editor.execute(f"DROP INDEX{how} IF EXISTS {schema_editor.quote_name(name)}")
+
+    def create(apps: Any, schema_editor: Any) -> None:
+        quote, how = schema_editor.quote_name, concurrently(schema_editor)
+        for table, column, name in indexes:
+            schema_editor.execute(f"CREATE INDEX{how} IF NOT EXISTS {quote(name)} ON {quote(table)} ({quote(column)})")
+
+    return migrations.RunPython(drop, create)

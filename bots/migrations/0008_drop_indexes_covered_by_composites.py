@@ -9,6 +9,8 @@ drop and re-add each constraint and re-check every row of a large table."""
 import django.db.models.deletion
 from django.db import migrations, models
 
+from project.migration_operations import drop_indexes_concurrently
+
 # (table, column, index) as Django named them when the foreign keys were created.
 INDEXES = [
     ("bots_analyticsevent", "bot_id", "bots_analyticsevent_bot_id_18e7f769"),
@@ -16,21 +18,6 @@ INDEXES = [
     ("bots_consumerrun", "update_id", "bots_consumerrun_update_id_a7a7e50c"),
     ("bots_inboundupdate", "bot_id", "bots_inboundupdate_bot_id_eaa5931f"),
 ]
-
-
-def drop(apps, schema_editor):
-    concurrently = " CONCURRENTLY" if schema_editor.connection.vendor == "postgresql" else ""
-    for _, _, name in INDEXES:
-        schema_editor.execute(f"DROP INDEX{concurrently} IF EXISTS {schema_editor.quote_name(name)}")
-
-
-def create(apps, schema_editor):
-    concurrently = " CONCURRENTLY" if schema_editor.connection.vendor == "postgresql" else ""
-    quote = schema_editor.quote_name
-    for table, column, name in INDEXES:
-        schema_editor.execute(
-            f"CREATE INDEX{concurrently} IF NOT EXISTS {quote(name)} ON {quote(table)} ({quote(column)})"
-        )
 
 
 class Migration(migrations.Migration):
@@ -43,27 +30,27 @@ class Migration(migrations.Migration):
     operations = [
         migrations.SeparateDatabaseAndState(
             state_operations=[
-        migrations.AlterField(
-            model_name='analyticsevent',
-            name='bot',
-            field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='analytics_events', to='bots.bot'),
-        ),
-        migrations.AlterField(
-            model_name='chatstate',
-            name='bot',
-            field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='chat_states', to='bots.bot'),
-        ),
-        migrations.AlterField(
-            model_name='consumerrun',
-            name='update',
-            field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='runs', to='bots.inboundupdate'),
-        ),
-        migrations.AlterField(
-            model_name='inboundupdate',
-            name='bot',
-            field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.PROTECT, related_name='updates', to='bots.bot'),
-        ),
-    ],
-            database_operations=[migrations.RunPython(drop, create)],
+                migrations.AlterField(
+                    model_name='analyticsevent',
+                    name='bot',
+                    field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='analytics_events', to='bots.bot'),
+                ),
+                migrations.AlterField(
+                    model_name='chatstate',
+                    name='bot',
+                    field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='chat_states', to='bots.bot'),
+                ),
+                migrations.AlterField(
+                    model_name='consumerrun',
+                    name='update',
+                    field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='runs', to='bots.inboundupdate'),
+                ),
+                migrations.AlterField(
+                    model_name='inboundupdate',
+                    name='bot',
+                    field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.PROTECT, related_name='updates', to='bots.bot'),
+                ),
+            ],
+            database_operations=[drop_indexes_concurrently(INDEXES)],
         ),
     ]
