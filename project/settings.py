@@ -15,7 +15,20 @@ from project.connections import broker_kind, redis_ssl_options
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
 
-env = environ.Env()
+
+class _Env(environ.Env):
+    """environ.Env whose value that cannot be read names its variable: `int("abc")` alone
+    says neither which variable nor what it should be."""
+
+    def get_value(self, var: str, cast=None, default=environ.Env.NOTSET, parse_default: bool = False):
+        try:
+            return super().get_value(var, cast=cast, default=default, parse_default=parse_default)
+        except ValueError as exc:
+            kind = {int: "an integer", float: "a number"}.get(cast, "valid")
+            raise ImproperlyConfigured(f"{var}={self.ENVIRON.get(var, '')!r} is not {kind} ({exc}).") from None
+
+
+env = _Env()
 
 DEBUG = env.bool("DEBUG", default=False)
 
@@ -339,6 +352,56 @@ DOVECOTE_OPS_EMAILS = env.list("DOVECOTE_OPS_EMAILS", default=[])
 DOVECOTE_OPS_NOTIFIERS = env.list("DOVECOTE_OPS_NOTIFIERS", default=[])
 DOVECOTE_OPS_DIGEST_MINUTES = env.int("DOVECOTE_OPS_DIGEST_MINUTES", default=5)
 DOVECOTE_AUDIT_RETENTION_DAYS = env.int("DOVECOTE_AUDIT_RETENTION_DAYS", default=0)
+
+
+# Numbers that would break what they name (a batch of no messages, a timeout of 0 s, a sweep
+# every 0 s) stop every process at start with one line naming each, as a missing variable does.
+_COUNTS = (  # at least 1
+    "DOVECOTE_WEBHOOK_MAX_BYTES",
+    "DOVECOTE_DRAIN_BATCH_SIZE",
+    "DOVECOTE_OUTBOX_MAX_ATTEMPTS",
+    "DOVECOTE_DEFAULT_RATE_LIMIT",
+    "DOVECOTE_BULK_FIRST_BATCH",
+    "DOVECOTE_SWEEP_INTERVAL_SECONDS",
+    "DOVECOTE_RETENTION_BATCH_SIZE",
+    "DOVECOTE_OPS_DIGEST_MINUTES",
+)
+_DURATIONS = (  # above 0
+    "DOVECOTE_TELEGRAM_CONNECT_TIMEOUT",
+    "DOVECOTE_TELEGRAM_READ_TIMEOUT",
+    "DOVECOTE_CRM_TIMEOUT",
+    "DOVECOTE_OPENAI_TIMEOUT",
+    "DOVECOTE_RETRY_MAX_SECONDS",
+    "DOVECOTE_BULK_TICK_SECONDS",
+    "DOVECOTE_SWEEP_LEASE_SECONDS",
+    "DOVECOTE_CIRCUIT_FIRST_PROBE_SECONDS",
+    "DOVECOTE_CIRCUIT_MAX_PROBE_SECONDS",
+    "DOVECOTE_CIRCUIT_PROBE_LEASE_SECONDS",
+)
+_MAY_BE_ZERO = (  # at least 0: at once, no wait, or (retention) kept for ever
+    "DOVECOTE_REPLY_DEBOUNCE_SECONDS",
+    "DOVECOTE_RETRY_BASE_SECONDS",
+    "DOVECOTE_AMBIGUOUS_RESEND_DELAY_SECONDS",
+    "DOVECOTE_REDISPATCH_GRACE_SECONDS",
+    "DOVECOTE_RETENTION_INTERVAL_SECONDS",
+    "DOVECOTE_RETENTION_BUDGET_SECONDS",
+    "DOVECOTE_PAYLOAD_RETENTION_DAYS",
+    "DOVECOTE_IDEMPOTENCY_KEEP_HOURS",
+    "DOVECOTE_OUTBOX_RETENTION_DAYS",
+    "DOVECOTE_FAILED_RETENTION_DAYS",
+    "DOVECOTE_CHAT_STATE_RETENTION_DAYS",
+    "DOVECOTE_CASE_RETENTION_DAYS",
+    "DOVECOTE_PAYLOAD_VERSION_RETENTION_DAYS",
+    "DOVECOTE_BULK_RETRY_RETENTION_DAYS",
+    "DOVECOTE_AUDIT_RETENTION_DAYS",
+)
+_out_of_range = (
+    [f"{name}={globals()[name]:g} (at least 1)" for name in _COUNTS if globals()[name] < 1]
+    + [f"{name}={globals()[name]:g} (above 0)" for name in _DURATIONS if globals()[name] <= 0]
+    + [f"{name}={globals()[name]:g} (at least 0)" for name in _MAY_BE_ZERO if globals()[name] < 0]
+)
+if _out_of_range:
+    raise ImproperlyConfigured(f"out of range: {', '.join(_out_of_range)}.")
 
 # --- REST API ---------------------------------------------------------------------------
 REST_FRAMEWORK = {

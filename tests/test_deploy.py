@@ -138,6 +138,43 @@ def test_every_process_refuses_to_start_without_redis_url_naming_it(process: str
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize("process", ["release", "web", "worker", "beat"])
+def test_every_process_refuses_to_start_with_a_number_out_of_range_naming_each(process: str) -> None:
+    # A batch of 0 messages broke every inline send (range() with a step of 0); a timeout of
+    # -1 s would fail every request. Refused at start, before anything is served or sent.
+    env = platform_env(
+        PORT=str(free_port()),
+        DATABASE_URL="postgres://postgres@127.0.0.1:5432/never-used",
+        REDIS_URL="redis://127.0.0.1:6379/15",
+        DOVECOTE_DRAIN_BATCH_SIZE="0",
+        DOVECOTE_TELEGRAM_READ_TIMEOUT="-1",
+        DOVECOTE_OUTBOX_RETENTION_DAYS="0",  # 0 keeps sent messages for ever: in range
+    )
+    done = subprocess.run(
+        ["bash", "-c", procfile()[process]], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode != 0
+    assert (
+        "dovecote: out of range: DOVECOTE_DRAIN_BATCH_SIZE=0 (at least 1), DOVECOTE_TELEGRAM_READ_TIMEOUT=-1 (above 0)."
+        in done.stderr
+    )
+    assert "Traceback" not in done.stderr
+
+
+def test_a_number_that_cannot_be_read_is_named_in_one_line() -> None:
+    env = platform_env(
+        DATABASE_URL="postgres://postgres@127.0.0.1:5432/never-used",
+        REDIS_URL="redis://127.0.0.1:6379/15",
+        DOVECOTE_DRAIN_BATCH_SIZE="eight",
+    )
+    done = subprocess.run(
+        [str(VENV_BIN / "python"), "manage.py", "check"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith("dovecote: DOVECOTE_DRAIN_BATCH_SIZE='eight' is not an integer")
+
+
 def test_production_names_every_missing_variable_in_one_line() -> None:
     done = subprocess.run(
         [str(VENV_BIN / "python"), "manage.py", "check"],
