@@ -377,7 +377,7 @@ _DURATIONS = (  # above 0
     "DOVECOTE_CIRCUIT_MAX_PROBE_SECONDS",
     "DOVECOTE_CIRCUIT_PROBE_LEASE_SECONDS",
 )
-_MAY_BE_ZERO = (  # at least 0: at once, no wait, or (retention) kept for ever
+_MAY_BE_ZERO = (  # at least 0: no wait, or for a retention what its 0 means (see each setting)
     "DOVECOTE_REPLY_DEBOUNCE_SECONDS",
     "DOVECOTE_RETRY_BASE_SECONDS",
     "DOVECOTE_AMBIGUOUS_RESEND_DELAY_SECONDS",
@@ -394,11 +394,17 @@ _MAY_BE_ZERO = (  # at least 0: at once, no wait, or (retention) kept for ever
     "DOVECOTE_BULK_RETRY_RETENTION_DAYS",
     "DOVECOTE_AUDIT_RETENTION_DAYS",
 )
-_out_of_range = (
-    [f"{name}={globals()[name]:g} (at least 1)" for name in _COUNTS if globals()[name] < 1]
-    + [f"{name}={globals()[name]:g} (above 0)" for name in _DURATIONS if globals()[name] <= 0]
-    + [f"{name}={globals()[name]:g} (at least 0)" for name in _MAY_BE_ZERO if globals()[name] < 0]
+_RANGES = (
+    (_COUNTS, "at least 1", lambda value: value >= 1),
+    (_DURATIONS, "above 0", lambda value: value > 0),
+    (_MAY_BE_ZERO, "at least 0", lambda value: value >= 0),
 )
+_out_of_range = [
+    f"{name}={globals()[name]:g} ({words})"
+    for names, words, holds in _RANGES
+    for name in names
+    if not holds(globals()[name])
+]
 if _out_of_range:
     raise ImproperlyConfigured(f"out of range: {', '.join(_out_of_range)}.")
 
