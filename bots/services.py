@@ -108,24 +108,54 @@ def inbox_update_store(
     *, bot: Bot, payload: dict[str, Any], trace_id: str | None = None, wake_soon: bool = False
 ) -> tuple[InboundUpdate, bool]:
     """Insert the update once per (bot, update_id) and dispatch its routing after commit.
-    Returns (update, created). A new update costs one statement (INSERT ... ON CONFLICT DO
-    NOTHING RETURNING id): this is the webhook's hot path. Only a duplicate reads the row
-    that was stored first. `wake_soon`: the router's wake-up is left to this process's
-    wake-up thread (the webhook: its answer does not wait on Redis or the broker)."""
+    Returns (update, created); a duplicate reads the row that was stored first."""
     trace_id = trace_id or new_trace_id()
-    row = InboundUpdate(
-        bot=bot,
-        update_id=payload["update_id"],
-        payload=payload,
-        trace_id=trace_id,
-        next_attempt_at=timezone.now(),
-        **describe_update(payload),
-    )
-    if not rows.insert_once(row, unique=("bot_id", "update_id")):
-        return InboundUpdate.objects.get(bot=bot, update_id=row.update_id), False
-    wake = _router_wake_soon.add if wake_soon else inbox_router_wake
-    transaction.on_commit(lambda: wake(bot.pk, row.pk))
+    values = _update_values(bot, payload, trace_id)
+    pk = _update_insert(bot, values, wake_soon=wake_soon)
+    if pk is None:
+        return InboundUpdate.objects.get(bot=bot, update_id=payload["update_id"]), False
+    del values["bot_id"]
+    row = InboundUpdate(pk=pk, bot=bot, **values)
+    row._state.adding, row._state.db = False, "default"
     return row, True
+
+
+def inbox_update_receive(*, bot: Bot, payload: dict[str, Any], body: str | None, trace_id: str) -> tuple[bool, str]:
+    """The webhook's hot path: one statement (INSERT ... ON CONFLICT DO NOTHING RETURNING id,
+    no model instance, `body` stored as it came when given), the router's wake-up left to
+    this process's wake-up thread so the answer does not wait on Redis or the broker.
+    Returns (stored: False for a duplicate, the update's type)."""
+    values = _update_values(bot, payload, trace_id)
+    if body is not None:
+        values["payload"] = rows.JSONText(body)
+    return _update_insert(bot, values, wake_soon=True) is not None, values["update_type"]
+
+
+def _update_values(bot: Bot, payload: dict[str, Any], trace_id: str) -> dict[str, Any]:
+    now = timezone.now()
+    return {
+        "bot_id": bot.pk,
+        "update_id": payload["update_id"],
+        "payload": payload,
+        "trace_id": trace_id,
+        "next_attempt_at": now,
+        "received_at": now,
+        **describe_update(payload),
+    }
+
+
+def _update_insert(bot: Bot, values: dict[str, Any], *, wake_soon: bool = False) -> int | None:
+    """Write the update's row unless (bot, update_id) is stored; have a router woken after
+    the commit. The new row's pk, or None for a duplicate."""
+    pk = rows.insert_values_once(InboundUpdate, values, unique=("bot_id", "update_id"))
+    if pk is None:
+        return None
+    wake = _router_wake_soon.add if wake_soon else inbox_router_wake
+    if connection.in_atomic_block:
+        transaction.on_commit(lambda: wake(bot.pk, pk))
+    else:
+        wake(bot.pk, pk)  # autocommit: the row is committed already
+    return pk
 
 
 def dispatch_update(update_pk: int) -> bool:

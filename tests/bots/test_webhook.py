@@ -253,6 +253,28 @@ def test_an_update_nested_as_deep_as_the_limit_is_stored(client: Client, bot) ->
     assert json.dumps(payload).count("{") == 64
 
 
+def test_an_update_with_more_brackets_than_the_depth_limit_but_shallow_is_stored(client: Client, bot) -> None:
+    # 70 entities and braces in the text: more opening brackets than 64, three levels deep.
+    update = message_update(6, text="{[" * 40)
+    update["message"]["entities"] = [{"type": "bold", "offset": i, "length": 1} for i in range(70)]
+
+    assert post(client, bot, update).status_code == 200
+
+    assert InboundUpdate.objects.get(bot=bot, update_id=6).payload == update
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", "utf-8-sig", "utf-16", "utf-32"])
+def test_an_update_is_stored_as_it_was_sent_in_any_encoding_json_allows(client: Client, bot, encoding: str) -> None:
+    update = message_update(7, text='Привет 👋 "quoted" \\ back\nslash')
+    body = json.dumps(update, ensure_ascii=False).encode(encoding)
+
+    assert post(client, bot, body).status_code == 200
+
+    stored = InboundUpdate.objects.get(bot=bot, update_id=7)
+    assert stored.payload == update
+    assert stored.chat_id == 4242
+
+
 @override_settings(DOVECOTE_WEBHOOK_MAX_BYTES=1024)
 def test_a_body_over_the_limit_is_413_and_nothing_is_stored(client: Client, bot) -> None:
     response = post(client, bot, message_update(1, "x" * 2000))

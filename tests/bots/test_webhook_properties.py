@@ -77,6 +77,9 @@ def test_the_webhook_answers_a_contract_code_to_anything_and_stores_only_what_it
         assert stored == 0
     else:
         assert stored <= 1  # a redelivered update_id is answered 200 and stored once
+    if stored:
+        # Stored as it came (the body's text, PostgreSQL parsing it): the same update.
+        assert InboundUpdate.objects.latest("id").payload == json.loads(body)
 
 
 api_bodies = st.one_of(

@@ -1,0 +1,47 @@
+"""project/rows.py's insert of a row given as values (the webhook's one statement)."""
+
+from __future__ import annotations
+
+import pytest
+from django.utils import timezone
+
+from bots.models import InboundUpdate, UpdateState
+from project import rows
+
+pytestmark = pytest.mark.django_db
+
+
+def _values(bot, update_id: int, **more) -> dict:
+    now = timezone.now()
+    values = {"bot_id": bot.pk, "update_id": update_id, "payload": {"update_id": update_id}, "trace_id": "t"}
+    return {**values, "next_attempt_at": now, "received_at": now, **more}
+
+
+def test_a_row_given_as_values_is_inserted_once_and_the_rest_takes_the_fields_defaults(bot) -> None:
+    pk = rows.insert_values_once(InboundUpdate, _values(bot, 1), unique=("bot_id", "update_id"))
+
+    assert pk is not None
+    update = InboundUpdate.objects.get(pk=pk)
+    assert (update.state, update.attempts, update.last_error, update.update_type) == (UpdateState.NEW, 0, "", "")
+    assert update.chat_id is None
+    assert update.processed_at is None
+    assert update.payload == {"update_id": 1}
+    assert rows.insert_values_once(InboundUpdate, _values(bot, 1), unique=("bot_id", "update_id")) is None
+    assert InboundUpdate.objects.count() == 1
+
+
+def test_json_given_as_text_is_stored_as_the_value_it_encodes(bot) -> None:
+    text = rows.JSONText('{"update_id": 2, "message": {"text": "as it came"}}')
+
+    pk = rows.insert_values_once(InboundUpdate, _values(bot, 2, payload=text), unique=("bot_id", "update_id"))
+
+    assert InboundUpdate.objects.get(pk=pk).payload == {"update_id": 2, "message": {"text": "as it came"}}
+
+
+def test_a_field_without_a_constant_default_must_be_given(bot) -> None:
+    values = _values(bot, 3)
+    del values["received_at"]  # auto_now_add: the caller's to give
+
+    with pytest.raises(TypeError, match="received_at has no constant default"):
+        rows.insert_values_once(InboundUpdate, values, unique=("bot_id", "update_id"))
+    assert not InboundUpdate.objects.exists()
