@@ -108,12 +108,13 @@ class AiohttpRequest(BaseRequest):
             sock_connect=connect,
             sock_read=read,
         )
+        body, headers = _body(request_data)
         try:
             async with self._session.request(
                 method,
                 url,
-                data=_body(request_data),
-                headers={"User-Agent": self.USER_AGENT},
+                data=body,
+                headers=headers,
                 timeout=timeout,
                 proxy=self._proxy(url),
             ) as response:
@@ -135,16 +136,21 @@ class AiohttpRequest(BaseRequest):
         return self._proxies[key]
 
 
-def _body(request_data: RequestData | None) -> aiohttp.FormData | dict[str, str] | None:
-    """The request's body as python-telegram-bot encodes it: form fields of JSON values, and
-    a multipart form when it uploads files."""
+_HEADERS = {"User-Agent": BaseRequest.USER_AGENT}
+_JSON_HEADERS = {**_HEADERS, "Content-Type": "application/json"}
+
+
+def _body(request_data: RequestData | None) -> tuple[aiohttp.FormData | bytes | None, dict[str, str]]:
+    """The request's body as python-telegram-bot encodes it: its JSON payload (an object of
+    the parameters' JSON values, which the Bot API reads as it reads the same form fields),
+    and a multipart form when it uploads files. Not the form: urlencoding quotes the text
+    byte by byte in Python, ~8% of a worker's CPU per echo."""
     if request_data is None:
-        return None
-    fields = request_data.json_parameters
+        return None, _HEADERS
+    if not request_data.contains_files:
+        return request_data.json_payload, _JSON_HEADERS
     files = request_data.multipart_data
-    if not files:
-        return fields
-    form = aiohttp.FormData(fields)
+    form = aiohttp.FormData(request_data.json_parameters)
     for name, part in files.items():
         # (filename, content, mimetype), or bare content.
         if isinstance(part, tuple):
@@ -152,4 +158,4 @@ def _body(request_data: RequestData | None) -> aiohttp.FormData | dict[str, str]
             form.add_field(name, content, filename=filename, content_type=rest[0] if rest else None)
         else:
             form.add_field(name, part)
-    return form
+    return form, _HEADERS

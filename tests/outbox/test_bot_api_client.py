@@ -3,10 +3,14 @@ Bot API sandbox over HTTP: what HTTPXRequest did, it still does."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from telegram import InputFile
+from telegram.request import RequestData
+from telegram.request._requestparameter import RequestParameter
 
-from outbox import botapi
+from outbox import botapi, services, telegram_http
 from outbox.models import ErrorClass, State
 from outbox.sending import single
 from tests.outbox.helpers import enqueue
@@ -50,3 +54,35 @@ def test_an_upload_goes_as_a_multipart_form_with_its_file(bot, sandbox) -> None:
     (call,) = sandbox.calls(token=bot.token, method="sendDocument")
     assert call["params"]["document"]["filename"] == "report.pdf"
     assert call["params"]["document"]["size"] == len(content)
+
+
+def test_a_message_goes_as_a_json_body_and_the_bot_api_reads_each_parameter_as_sent(bot, sandbox) -> None:
+    keyboard = {"inline_keyboard": [[{"text": "Да ✅", "callback_data": "yes"}]]}
+    text = 'Привет 👋 & = + % "quoted" \\ back\nslash'
+    message, _ = services.outbound_message_enqueue(
+        bot_id=bot.pk,
+        chat_id=-1001234567890,
+        payload={"text": text, "reply_markup": keyboard, "disable_notification": True},
+        idempotency_key="json-body",
+    )
+
+    assert single.outbound_message_send(message.pk).status == "sent"
+
+    (call,) = sandbox.calls(token=bot.token, method="sendMessage")
+    assert call["params"]["chat_id"] == -1001234567890
+    assert call["params"]["text"] == text
+    assert call["params"]["reply_markup"] == keyboard
+    assert call["params"]["disable_notification"] is True
+
+
+def test_the_body_is_python_telegram_bots_json_payload_of_the_form_fields_it_would_post() -> None:
+    # The Bot API reads a JSON body's string values as it reads the same form fields
+    # (telegram-bot-api's HttpReader::parse_json_parameters): the two encodings are one request.
+    request = RequestData(
+        [RequestParameter.from_input("chat_id", 7), RequestParameter.from_input("reply_markup", {"a": [1]})]
+    )
+
+    body, headers = telegram_http._body(request)
+
+    assert headers["Content-Type"] == "application/json"
+    assert json.loads(body) == request.json_parameters == {"chat_id": "7", "reply_markup": '{"a": [1]}'}
