@@ -12,7 +12,6 @@ from functools import cache, partial
 from typing import Any
 
 import psycopg
-import psycopg.types.json
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.models import JSONField, Model
 
@@ -59,20 +58,25 @@ def _rows_source(model: type[Model], alias: str = "") -> str:
     return f"SELECT {columns} FROM json_populate_recordset(NULL::{table}, %s::json)"  # noqa: S608 - names from _meta
 
 
-def _rows_json(db: Any, rows: list[Model]) -> str:
-    """The rows' values to insert as a JSON array of {column: value}: datetimes in ISO 8601,
-    a JSON field's value as itself (PostgreSQL stores the nested JSON)."""
+def _rows_json(rows: list[Model]) -> str:
+    """The rows' values to insert as a JSON array of {column: value}, taken from the
+    instances as they are (what their fields store: ints, strs, aware datetimes in ISO 8601,
+    a JSON field's value nested) rather than through each field's get_db_prep_save, which
+    cost ~0.13 ms per row of a consumer run's 17 columns. An auto_now(_add) field is set as
+    save() would set it."""
     fields = _fields(type(rows[0]))
-    columns = [f.column for f in fields]
-    values = [[f.get_db_prep_save(f.pre_save(row, True), db) for f in fields] for row in rows]
-    return json.dumps([dict(zip(columns, row, strict=True)) for row in values], default=_json_value, allow_nan=False)
+    dated = [f for f in fields if getattr(f, "auto_now", False) or getattr(f, "auto_now_add", False)]
+    for row in rows:
+        for f in dated:
+            f.pre_save(row, True)
+    names = [(f.column, f.attname) for f in fields]
+    values = [{column: vars(row)[attname] for column, attname in names} for row in rows]
+    return json.dumps(values, default=_json_value, allow_nan=False)
 
 
 def _json_value(value: Any) -> Any:
     if isinstance(value, datetime | date):
         return value.isoformat()
-    if isinstance(value, psycopg.types.json.Jsonb | psycopg.types.json.Json):
-        return value.obj
     raise TypeError(f"rows: no JSON form for {type(value).__name__} {value!r}")
 
 
@@ -188,7 +192,7 @@ def insert_many_once(rows: list[Model], *, unique: tuple[str, ...]) -> int:
     model = type(rows[0])
     db = connections[DEFAULT_DB_ALIAS]
     if db.vendor == "postgresql":
-        fetched = _execute(db, _sql_columns(model, unique), [_rows_json(db, rows)], prepare=True)[0]
+        fetched = _execute(db, _sql_columns(model, unique), [_rows_json(rows)], prepare=True)[0]
     else:
         values = _column_values(db, rows)
         params = [column[n] for n in range(len(rows)) for column in values]
@@ -208,7 +212,7 @@ def insert_many_with(
     model = type(rows[0]) if rows else None
     if model is None:
         return {marked for marked, *_ in _execute(db, mark, mark_params, prepare=True)[0]}
-    fetched = _execute(db, _sql_with(model, unique, mark, of), [*mark_params, _rows_json(db, rows)], prepare=True)[0]
+    fetched = _execute(db, _sql_with(model, unique, mark, of), [*mark_params, _rows_json(rows)], prepare=True)[0]
     _saved(db, rows, unique, [row[1:] for row in fetched if row[1] is not None])
     return {row[0] for row in fetched}
 

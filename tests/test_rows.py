@@ -45,3 +45,24 @@ def test_a_field_without_a_constant_default_must_be_given(bot) -> None:
     with pytest.raises(TypeError, match="received_at has no constant default"):
         rows.insert_values_once(InboundUpdate, values, unique=("bot_id", "update_id"))
     assert not InboundUpdate.objects.exists()
+
+
+def test_rows_inserted_in_one_statement_keep_their_values_and_get_their_pks_and_timestamps(bot) -> None:
+    payload = {"update_id": 5, "message": {"text": 'Привет 👋 "x" \\ y', "entities": [{"offset": 0}]}}
+    now = timezone.now()
+    first = InboundUpdate(bot=bot, update_id=5, payload=payload, trace_id="a", next_attempt_at=now, chat_id=-(2**62))
+    rows.insert_once(
+        InboundUpdate(bot=bot, update_id=6, payload={}, trace_id="b", next_attempt_at=now),
+        unique=("bot_id", "update_id"),
+    )
+    taken = InboundUpdate(bot=bot, update_id=6, payload={}, trace_id="c", next_attempt_at=now)
+
+    assert rows.insert_many_once([first, taken], unique=("bot_id", "update_id")) == 1
+
+    assert taken.pk is None
+    stored = InboundUpdate.objects.get(pk=first.pk)
+    assert stored.payload == payload
+    assert stored.chat_id == -(2**62)
+    assert stored.next_attempt_at == now
+    assert stored.received_at is not None  # auto_now_add, as save() sets it
+    assert stored.received_at == first.received_at
