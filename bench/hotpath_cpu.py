@@ -1,0 +1,146 @@
+"""The hot path's CPU in one process, without gunicorn, Celery or a load generator: steadier
+than bench/sidebyside.py's whole-system figures on a shared, noisy host, so two versions of
+the code can be compared run against run (`--root` points at another checkout).
+
+    .venv/bin/python bench/hotpath_cpu.py [--updates 4000] [--batches 30] [--root DIR]
+
+- webhook: the WSGI application called with `--updates` ~1 KB message updates, one at a time
+  (the webhook's view, its INSERT, the wake-up thread's Redis calls): CPU per update.
+- router: `--batches` batches of 50 stored updates, each routed by one in-process call of the
+  router (`inbox_updates_route`: the runs, the inline echo and analytics consumers, the
+  replies' enqueue and their inline send to the Bot API sandbox over HTTP, the marks): CPU
+  per update routed and answered. The rate limiter is off and replies are not debounced.
+
+CPU is this process's (time.process_time); PostgreSQL's, Redis's and the sandbox's are not
+in it. Creates and drops its own database (hotcpu<pid>) and Redis prefix; the sandbox runs
+as a subprocess, stopped by PID.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+parser.add_argument("--updates", type=int, default=4000, help="webhook calls measured (after 200 of warm-up)")
+parser.add_argument("--batches", type=int, default=30, help="router batches of 50 measured (after 2 of warm-up)")
+parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parent.parent, help="the checkout to measure")
+args = parser.parse_args()
+
+ROOT = args.root.resolve()
+sys.path.insert(0, str(ROOT / "bench"))
+os.chdir(ROOT)
+c = importlib.import_module("_common")
+sbs = importlib.import_module("sidebyside")
+
+DB = f"hotcpu{os.getpid()}"
+TOKEN = "700003:hotpath-cpu-token-abcdefghijklmnopqrstuvwxyz"
+SECRET = "hotpath-cpu-webhook-secret"
+BATCH = 50
+
+
+def call_webhook(application: Any, body: bytes) -> None:
+    environ = {
+        "REQUEST_METHOD": "POST",
+        "PATH_INFO": "/webhooks/telegram/dovecote/",
+        "SCRIPT_NAME": "",
+        "SERVER_NAME": "127.0.0.1",
+        "SERVER_PORT": "8000",
+        "HTTP_HOST": "127.0.0.1",
+        "wsgi.url_scheme": "http",
+        "wsgi.input": io.BytesIO(body),
+        "wsgi.errors": sys.stderr,
+        "CONTENT_LENGTH": str(len(body)),
+        "CONTENT_TYPE": "application/json",
+        "HTTP_X_TELEGRAM_BOT_API_SECRET_TOKEN": SECRET,
+    }
+    status: list[str] = []
+    response = application(environ, lambda s, headers, exc_info=None: status.append(s))
+    b"".join(response)
+    response.close()
+    if not status[0].startswith("200"):
+        raise SystemExit(f"the webhook answered {status[0]}")
+
+
+def body(n: int) -> bytes:
+    return json.dumps(sbs.update_body(n, n, sbs.chat_for(n), sbs.update_text(n))).encode()
+
+
+def measure_webhook(updates: int) -> float:
+    from project.wsgi import application
+
+    bodies = [body(n) for n in range(1, updates + 201)]
+    for b in bodies[:200]:
+        call_webhook(application, b)
+    started = time.process_time()
+    for b in bodies[200:]:
+        call_webhook(application, b)
+    return (time.process_time() - started) / updates
+
+
+def measure_router(batches: int) -> tuple[float, int, int]:
+    from bots import services
+    from bots.models import Bot, InboundUpdate, UpdateState
+    from outbox.models import OutboundMessage
+
+    bot = Bot.objects.get()
+    # The webhook phase's updates are not this phase's work.
+    InboundUpdate.objects.filter(state=UpdateState.NEW).update(state=UpdateState.DONE)
+    first = 10**9  # above the webhook phase's update ids
+    spent = 0.0
+    for k in range(batches + 2):
+        for n in range(first + k * BATCH, first + (k + 1) * BATCH):
+            payload = sbs.update_body(n, n, sbs.chat_for(n), sbs.update_text(n))
+            services.inbox_update_store(bot=bot, payload=payload)
+        started = time.process_time()
+        routed = services.inbox_updates_route(bot.pk, limit=BATCH)
+        if k >= 2:
+            spent += time.process_time() - started
+        if routed != BATCH:
+            raise SystemExit(f"the router took {routed} of {BATCH} updates")
+    time.sleep(0.5)
+    sent = OutboundMessage.objects.filter(state="sent").count()
+    return spent / (batches * BATCH), sent, (batches + 2) * BATCH
+
+
+def main() -> None:
+    env = c.bench_env(
+        DB,
+        DEBUG="0",
+        SECRET_KEY=f"hotpath-cpu-{DB}-not-a-secret-0123456789abcdefghijklmnopqrstuvwxyz",
+        ALLOWED_HOSTS="127.0.0.1,localhost",
+        CELERY_BROKER_URL=c.bench_env(DB)["REDIS_URL"],
+        DOVECOTE_RATE_LIMITS_ENABLED="0",
+        DOVECOTE_REPLY_DEBOUNCE_SECONDS="0",
+    )
+    sandbox, url = c.start_sandbox(env)
+    try:
+        c.setup_database(DB, env)
+        add_bot = [str(c.BIN / "python"), "manage.py", "add_bot", "dovecote", "--token", TOKEN]
+        add_bot += ["--webhook-secret", SECRET, "--api-base-url", url, "--responder", "echo"]
+        subprocess.run(add_bot, cwd=ROOT, env=env, check=True, capture_output=True)
+        c.django_setup(env)
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+        print(f"{ROOT} at {head.stdout.strip() or '?'}")
+        webhook = measure_webhook(args.updates)
+        print(f"webhook: {webhook * 1000:.3f} ms of CPU per update ({args.updates} updates)")
+        router, sent, routed = measure_router(args.batches)
+        print(
+            f"router:  {router * 1000:.3f} ms of CPU per update routed and answered "
+            f"({args.batches} batches of {BATCH}; {sent} of {routed} replies sent)"
+        )
+    finally:
+        sandbox.stop(5)
+        c.drop_database(DB)
+
+
+if __name__ == "__main__":
+    main()
