@@ -13,7 +13,7 @@ from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DEFAULT_DB_ALIAS, connection, transaction
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 from django.utils import timezone
@@ -108,7 +108,8 @@ def inbox_update_store(
     *, bot: Bot, payload: dict[str, Any], trace_id: str | None = None, wake_soon: bool = False
 ) -> tuple[InboundUpdate, bool]:
     """Insert the update once per (bot, update_id) and dispatch its routing after commit.
-    Returns (update, created); a duplicate reads the row that was stored first."""
+    Returns (update, created); a duplicate reads the row that was stored first. `wake_soon`:
+    the router's wake-up is left to this process's wake-up thread."""
     trace_id = trace_id or new_trace_id()
     values = _update_values(bot, payload, trace_id)
     pk = _update_insert(bot, values, wake_soon=wake_soon)
@@ -116,7 +117,7 @@ def inbox_update_store(
         return InboundUpdate.objects.get(bot=bot, update_id=payload["update_id"]), False
     del values["bot_id"]
     row = InboundUpdate(pk=pk, bot=bot, **values)
-    row._state.adding, row._state.db = False, "default"
+    row._state.adding, row._state.db = False, DEFAULT_DB_ALIAS
     return row, True
 
 
