@@ -152,10 +152,7 @@ def _update_insert(bot: Bot, values: dict[str, Any], *, wake_soon: bool = False)
     if pk is None:
         return None
     wake = _router_wake_soon.add if wake_soon else inbox_router_wake
-    if connection.in_atomic_block:
-        transaction.on_commit(lambda: wake(bot.pk, pk))
-    else:
-        wake(bot.pk, pk)  # autocommit: the row is committed already
+    transaction.on_commit(lambda: wake(bot.pk, pk))  # at once in autocommit (the webhook)
     return pk
 
 

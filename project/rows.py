@@ -32,8 +32,13 @@ def _insert(model: type[Model], unique: tuple[str, ...], source: str) -> str:
     )
 
 
-def _columns(model: type[Model]) -> str:
-    return ", ".join(connection.ops.quote_name(f.column) for f in _fields(model))
+def _columns(model: type[Model], alias: str = "") -> str:
+    return ", ".join(alias + connection.ops.quote_name(f.column) for f in _fields(model))
+
+
+def _set_on_save(f: Any) -> bool:
+    """auto_now and auto_now_add: a value save() sets, never a constant default."""
+    return getattr(f, "auto_now", False) or getattr(f, "auto_now_add", False)
 
 
 @cache
@@ -54,8 +59,7 @@ def _sql_columns(model: type[Model], unique: tuple[str, ...]) -> str:
 
 def _rows_source(model: type[Model], alias: str = "") -> str:
     table = connection.ops.quote_name(model._meta.db_table)
-    columns = ", ".join(f"{alias}{connection.ops.quote_name(f.column)}" for f in _fields(model))
-    return f"SELECT {columns} FROM json_populate_recordset(NULL::{table}, %s::json)"  # noqa: S608 - names from _meta
+    return f"SELECT {_columns(model, alias)} FROM json_populate_recordset(NULL::{table}, %s::json)"  # noqa: S608 - names from _meta
 
 
 def _rows_json(rows: list[Model]) -> str:
@@ -65,7 +69,7 @@ def _rows_json(rows: list[Model]) -> str:
     cost ~0.13 ms per row of a consumer run's 17 columns. An auto_now(_add) field is set as
     save() would set it."""
     fields = _fields(type(rows[0]))
-    dated = [f for f in fields if getattr(f, "auto_now", False) or getattr(f, "auto_now_add", False)]
+    dated = [f for f in fields if _set_on_save(f)]
     for row in rows:
         for f in dated:
             f.pre_save(row, True)
@@ -175,8 +179,7 @@ def _value_plan(model: type[Model]) -> list[tuple[str, Callable[[Any], str] | No
     give."""
     plan = []
     for f in _fields(model):
-        dated = getattr(f, "auto_now", False) or getattr(f, "auto_now_add", False)
-        constant = not dated and not (f.has_default() and callable(f.default))
+        constant = not _set_on_save(f) and not (f.has_default() and callable(f.default))
         default = f.get_db_prep_save(f.get_default(), connection) if constant else _REQUIRED
         encode = partial(json.dumps, cls=f.encoder) if isinstance(f, JSONField) else None
         plan.append((f.attname, encode, default))
