@@ -55,7 +55,8 @@ def route(updates: list[InboundUpdate], runs: list[ConsumerRun]) -> set[int]:
     """new -> done for these updates, with their consumer runs written, together: on
     PostgreSQL one statement (an UPDATE of the updates still new, and the insert of the runs
     of exactly those; one round trip, no transaction around it), elsewhere one transaction.
-    An update another router moved first is left to it, its runs not written here. Returns
+    An update another router moved first, or is moving (SKIP LOCKED), is left to it, its runs
+    not written here. Returns
     the ids of the updates routed here; each run written gets its pk."""
     if not updates:
         return set()
@@ -63,12 +64,19 @@ def route(updates: list[InboundUpdate], runs: list[ConsumerRun]) -> set[int]:
     ids = [u.pk for u in updates]
     if connection.vendor == "postgresql":
         table = InboundUpdate._meta.db_table
+        # SKIP LOCKED: an update another router is marking is its own, and this one never
+        # waits for it. A plain UPDATE of `id = ANY(…)` locked the rows in whatever order its
+        # scan met them, and two routers whose batches overlapped deadlocked (PostgreSQL broke
+        # it after its deadlock_timeout of 1 s, and the batch it rolled back waited for a
+        # router after it).
         return rows.insert_many_with(
             runs,
             unique=("update_id", "consumer"),
-            mark=f"UPDATE {table} SET state = %s, processed_at = %s, attempts = attempts + 1"  # noqa: S608
-            " WHERE id = ANY(%s::bigint[]) AND state = %s RETURNING id",
-            mark_params=[UpdateState.DONE, now, ids, UpdateState.NEW],
+            mark=f"WITH picked AS MATERIALIZED (SELECT id FROM {table} WHERE id = ANY(%s::bigint[])"  # noqa: S608
+            " AND state = %s FOR UPDATE SKIP LOCKED)"
+            f" UPDATE {table} u SET state = %s, processed_at = %s, attempts = u.attempts + 1"
+            " FROM picked WHERE u.id = picked.id RETURNING u.id",
+            mark_params=[ids, UpdateState.NEW, UpdateState.DONE, now],
             of="update_id",
         )
     with transaction.atomic():
@@ -336,15 +344,18 @@ def note_chats_answered(*, bot_id: int, answered: list[tuple[int, int]]) -> None
         return
     now = timezone.now()
     if connection.vendor == "postgresql":
+        # The chats' rows locked in one order (by chat id) by every router: two routers whose
+        # batches share chats, each taking them in its own order, deadlocked.
         table = ChatState._meta.db_table
         rows.execute(
             f"""INSERT INTO {table} (bot_id, chat_id, last_answered_message_id, last_answered_at, updated_at)
                 SELECT %s, chat_id, message_id, %s, %s FROM unnest(%s::bigint[], %s::bigint[]) AS a(chat_id, message_id)
+                ORDER BY chat_id
                 ON CONFLICT (bot_id, chat_id) DO UPDATE SET
                   last_answered_message_id = GREATEST({table}.last_answered_message_id,
                                                       EXCLUDED.last_answered_message_id),
                   last_answered_at = EXCLUDED.last_answered_at, updated_at = EXCLUDED.updated_at""",  # noqa: S608
-            [bot_id, now, now, list(newest), list(newest.values())],
+            [bot_id, now, now, sorted(newest), [newest[chat_id] for chat_id in sorted(newest)]],
         )
         return
     for chat_id, message_id in newest.items():
