@@ -2,7 +2,7 @@
 than bench/sidebyside.py's whole-system figures on a shared, noisy host, so two versions of
 the code can be compared run against run (`--root` points at another checkout).
 
-    .venv/bin/python bench/hotpath_cpu.py [--updates 4000] [--batches 30] [--root DIR]
+    .venv/bin/python bench/hotpath_cpu.py [--updates 4000] [--batches 30] [--root DIR] [--profile FILE]
 
 - webhook: the WSGI application called with `--updates` ~1 KB message updates, one at a time
   (the webhook's view, its INSERT, the wake-up thread's Redis calls): CPU per update.
@@ -19,6 +19,7 @@ as a subprocess, stopped by PID.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import importlib
 import io
 import json
@@ -32,6 +33,7 @@ from typing import Any
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 parser.add_argument("--updates", type=int, default=4000, help="webhook calls measured (after 200 of warm-up)")
 parser.add_argument("--batches", type=int, default=30, help="router batches of 50 measured (after 2 of warm-up)")
+parser.add_argument("--profile", type=Path, help="write a cProfile of the router's calls to this file (pstats)")
 parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parent.parent, help="the checkout to measure")
 args = parser.parse_args()
 
@@ -96,16 +98,23 @@ def measure_router(batches: int) -> tuple[float, int, int]:
     InboundUpdate.objects.filter(state=UpdateState.NEW).update(state=UpdateState.DONE)
     first = 10**9  # above the webhook phase's update ids
     spent = 0.0
+    profile = cProfile.Profile() if args.profile else None
     for k in range(batches + 2):
         for n in range(first + k * BATCH, first + (k + 1) * BATCH):
             payload = sbs.update_body(n, n, sbs.chat_for(n), sbs.update_text(n))
             services.inbox_update_store(bot=bot, payload=payload)
+        if profile and k >= 2:
+            profile.enable()
         started = time.process_time()
         routed = services.inbox_updates_route(bot.pk, limit=BATCH)
         if k >= 2:
             spent += time.process_time() - started
+        if profile:
+            profile.disable()
         if routed != BATCH:
             raise SystemExit(f"the router took {routed} of {BATCH} updates")
+    if profile:
+        profile.dump_stats(args.profile)
     time.sleep(0.5)
     sent = OutboundMessage.objects.filter(state="sent").count()
     return spent / (batches * BATCH), sent, (batches + 2) * BATCH

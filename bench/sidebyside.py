@@ -809,6 +809,7 @@ def run_dovecote(
         # reply back for Telegram's limit, not for the system's speed.
         first_chat=200_000,
     )
+    paid.latency.stages = dovecote_stages(db, paid.latency)
     paid.notes.append(f"bot rate limit {PAID_RATE_LIMIT}/s, {PAID_CHATS} chats, rate limiter on")
     cleanup.stop(worker)
     cleanup.stop(web)
