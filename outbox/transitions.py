@@ -514,6 +514,7 @@ def cancel_broadcast_batch(*, bot_id: int, broadcast: str, reason: str, batch: i
         done = list(
             OutboundMessage.objects.select_for_update()
             .filter(pk__in=ids, state__in=WAITING)
+            .order_by("pk")  # locked in one order: two cancels of one broadcast must not deadlock
             .values_list("pk", flat=True)
         )
         OutboundMessage.objects.filter(pk__in=done).update(
