@@ -56,8 +56,7 @@ def route(updates: list[InboundUpdate], runs: list[ConsumerRun]) -> set[int]:
     PostgreSQL one statement (an UPDATE of the updates still new, and the insert of the runs
     of exactly those; one round trip, no transaction around it), elsewhere one transaction.
     An update another router moved first, or is moving (SKIP LOCKED), is left to it, its runs
-    not written here. Returns
-    the ids of the updates routed here; each run written gets its pk."""
+    not written here. Returns the ids of the updates routed here; each run written gets its pk."""
     if not updates:
         return set()
     now = timezone.now()
@@ -344,8 +343,8 @@ def note_chats_answered(*, bot_id: int, answered: list[tuple[int, int]]) -> None
         return
     now = timezone.now()
     if connection.vendor == "postgresql":
-        # The chats' rows locked in one order (by chat id) by every router: two routers whose
-        # batches share chats, each taking them in its own order, deadlocked.
+        # ORDER BY: every router locks the chats' rows in chat-id order; two routers whose
+        # batches shared chats, each taking them in its own order, deadlocked.
         table = ChatState._meta.db_table
         rows.execute(
             f"""INSERT INTO {table} (bot_id, chat_id, last_answered_message_id, last_answered_at, updated_at)
@@ -355,7 +354,7 @@ def note_chats_answered(*, bot_id: int, answered: list[tuple[int, int]]) -> None
                   last_answered_message_id = GREATEST({table}.last_answered_message_id,
                                                       EXCLUDED.last_answered_message_id),
                   last_answered_at = EXCLUDED.last_answered_at, updated_at = EXCLUDED.updated_at""",  # noqa: S608
-            [bot_id, now, now, sorted(newest), [newest[chat_id] for chat_id in sorted(newest)]],
+            [bot_id, now, now, list(newest), list(newest.values())],
         )
         return
     for chat_id, message_id in newest.items():
