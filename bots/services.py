@@ -352,7 +352,9 @@ def inbox_router_wake(bot_id: int, update_pk: int | None = None) -> bool:
 def _router_wake_for(bot_id: int, update_pks: list[int]) -> bool:
     """inbox_router_wake for several updates of one bot (the webhook's wake-up thread runs
     one per round): one router for all of them, or a routing task for each."""
-    woken = wakeups.wake(_router_key(bot_id), lambda: _publish_router(bot_id)) if router_coalesced() else None
+    woken = None
+    if router_coalesced():
+        woken = wakeups.wake(_router_key(bot_id), lambda: _publish_router(bot_id), nudge=True)
     if woken is None:
         dispatched = [dispatch_update(pk) for pk in update_pks]  # every one, past a failure too
         return bool(dispatched) and all(dispatched)
@@ -373,29 +375,53 @@ def _publish_router(bot_id: int) -> bool:
     return publish(route_bot, (bot_id,), what=f"router of bot {bot_id}")
 
 
-def inbox_router_run(bot_id: int) -> int:
+def inbox_router_run(bot_id: int, *, linger: bool = False) -> int:
     """The router task: route the bot's new updates a batch at a time until none is left or
     the time budget is spent (then a continuation follows). It holds the bot's wake-up key
     while it runs; it lets go of it when a batch comes back empty, then looks once more, so
-    an update stored while the key was still held is never left without a router."""
+    an update stored while the key was still held is never left without a router.
+
+    `linger` (a worker's task): before letting go, wait with the key for the next update's
+    nudge (DOVECOTE_ROUTER_LINGER_SECONDS, unless other tasks wait for a worker), so a
+    steady stream of updates is routed without a publish and a worker's hop for each."""
     started = renewed = time.monotonic()  # the wake-up that published this task set the key
+    key = _router_key(bot_id)
+    busy_queues = _router_linger_queues() if linger else None
     routed = 0
     holds_key = True
     while True:
         if holds_key and time.monotonic() - renewed > wakeups.RENEW_AFTER_SECONDS:
-            wakeups.renew(_router_key(bot_id))
+            wakeups.renew(key)
             renewed = time.monotonic()
         n = inbox_updates_route(bot_id, limit=ROUTE_BATCH_SIZE)
         routed += n
         if n == 0 and not holds_key:
             return routed  # the look after letting go (one statement when, as usual, it is empty)
+        left = ROUTE_TIME_BUDGET_SECONDS - (time.monotonic() - started)
         if n < ROUTE_BATCH_SIZE and holds_key:
-            # Nothing more was waiting when it looked: let go of the key, then look once more.
-            wakeups.release(_router_key(bot_id))
+            # Nothing more was waiting when it looked: wait for a nudge, or let go of the key
+            # and look once more.
+            seconds = min(settings.DOVECOTE_ROUTER_LINGER_SECONDS, left)
+            if busy_queues is not None and seconds > 0 and wakeups.await_nudge(key, seconds, busy_queues):
+                renewed = time.monotonic()
+                continue
+            wakeups.release(key)
             holds_key = False
         if time.monotonic() - started > ROUTE_TIME_BUDGET_SECONDS:
-            wakeups.hand_over(_router_key(bot_id), lambda: _publish_router(bot_id), holds_key=holds_key)
+            wakeups.hand_over(key, lambda: _publish_router(bot_id), holds_key=holds_key)
             return routed
+
+
+def _router_linger_queues() -> list[str] | None:
+    """The broker's lists a lingering router watches (it hands its worker back when a task
+    waits in one), or None when it cannot see them and so must not linger: the broker is not
+    the Redis of the wake-up keys (RabbitMQ, or a Redis of its own)."""
+    if settings.DOVECOTE_ROUTER_LINGER_SECONDS <= 0 or not router_coalesced():
+        return None
+    if settings.CELERY_BROKER_URL != settings.REDIS_URL:
+        return None
+    prefix = settings.CELERY_BROKER_TRANSPORT_OPTIONS.get("global_keyprefix", "")
+    return [prefix + settings.CELERY_TASK_DEFAULT_QUEUE, prefix + settings.CELERY_TASK_QUEUE_BULK]
 
 
 def consumer_run_execute(run_pk: int) -> str:

@@ -8,6 +8,12 @@ committed while the key was still held is never left without a task. A task lost
 worker or its broker message stops renewing the key, which then expires (KEY_TTL_MS), and the
 next wake-up, or the sweeper, publishes a new one. When Redis fails, `take` says so (None)
 and the caller falls back: the work stays due in its rows, and the sweeper dispatches it.
+
+A task may also linger with its key for a while after its work ran out (`await_nudge`): a
+wake-up that finds the key held then nudges it through a list beside the key, and the
+lingering task looks again at once, instead of the next item paying for a publish, the
+broker and a worker's hop. A nudge only says "look again": the look after it finds the
+work in its rows, and a lingering task that gives up still lets go and looks once more.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import redis
 from django.conf import settings
@@ -39,21 +45,38 @@ def key(kind: str, bot_id: int) -> str:
     return f"{settings.DOVECOTE_REDIS_PREFIX}dovecote:{kind}:{bot_id}"
 
 
-def take(name: str, *, countdown: float = 0.0) -> bool | None:
+# A lingering task waits for a nudge this long at a time, then sees whether other tasks wait
+# in the broker's queues for a worker (it hands its worker back to them).
+LINGER_SLICE_SECONDS = 0.05
+
+
+def nudges_key(name: str) -> str:
+    return f"{name}:nudges"
+
+
+def take(name: str, *, countdown: float = 0.0, nudge: bool = False) -> bool | None:
     """SET NX, for a task due in `countdown` seconds: True when set (publish the task), False
-    when already there (a task is coming), None when Redis failed."""
+    when already there (a task is coming), None when Redis failed. `nudge`: in the same round
+    trip, push a nudge for a task lingering with the key (a task just published ignores it)."""
     try:
-        return bool(ratelimit.redis_client().set(name, b"1", nx=True, px=int(countdown * 1000) + KEY_TTL_MS))
+        if not nudge:
+            return bool(ratelimit.redis_client().set(name, b"1", nx=True, px=int(countdown * 1000) + KEY_TTL_MS))
+        pipe = ratelimit.redis_client().pipeline(transaction=False)
+        pipe.set(name, b"1", nx=True, px=int(countdown * 1000) + KEY_TTL_MS)
+        pipe.rpush(nudges_key(name), b"1")
+        pipe.pexpire(nudges_key(name), KEY_TTL_MS)
+        return bool(pipe.execute()[0])
     except redis.RedisError as exc:
         logger.warning("could not set %s: %s", name, exc)
         return None
 
 
-def wake(name: str, publish: Callable[[], bool], *, countdown: float = 0.0) -> bool | None:
+def wake(name: str, publish: Callable[[], bool], *, countdown: float = 0.0, nudge: bool = False) -> bool | None:
     """Publish the task (after `countdown`) unless one is queued or running. True: a task
     is coming; False: the publish failed (the key is let go, so the next wake-up tries
-    again); None: Redis failed, nothing was published, the caller decides the fallback."""
-    taken = take(name, countdown=countdown)
+    again); None: Redis failed, nothing was published, the caller decides the fallback.
+    `nudge`: a task lingering with the key (await_nudge) looks again."""
+    taken = take(name, countdown=countdown, nudge=nudge)
     if taken is None:
         return None
     if not taken:
@@ -82,6 +105,32 @@ def renew(name: str, *, countdown: float = 0.0) -> None:
 
 def release(name: str) -> None:
     _quietly("delete", name)
+
+
+def await_nudge(name: str, seconds: float, busy_queues: Sequence[str]) -> bool:
+    """The task holding the key waits up to `seconds` for a nudge, renewing the key as it
+    waits. True: nudged (it looks again, still holding the key). False: the time passed,
+    other tasks wait in `busy_queues` (the broker's lists, in this Redis) for a worker, or
+    Redis failed; the task then lets go and looks once more, as without lingering."""
+    client = ratelimit.redis_client()
+    nudges = nudges_key(name)
+    deadline = time.monotonic() + seconds
+    try:
+        while (left := deadline - time.monotonic()) > 0:
+            pipe = client.pipeline(transaction=False)
+            pipe.pexpire(name, KEY_TTL_MS)
+            for queue in busy_queues:
+                pipe.llen(queue)
+            pipe.blpop([nudges], timeout=min(left, LINGER_SLICE_SECONDS))
+            _, *waiting, nudged = pipe.execute()
+            if any(waiting):
+                return False  # a nudge taken here is seen by the look once more
+            if nudged is not None:
+                client.delete(nudges)  # one look answers every nudge pushed before it
+                return True
+    except redis.RedisError as exc:
+        logger.warning("stopped waiting on %s: %s", nudges, exc)
+    return False
 
 
 def _quietly(command: str, *args: object) -> None:

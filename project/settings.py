@@ -286,6 +286,10 @@ DOVECOTE_DRAIN_BATCH_SIZE = env.int("DOVECOTE_DRAIN_BATCH_SIZE", default=8)
 # consumer's replies are sent by its own worker right after the commit when the bot has room
 # (the drain stays for backlogs, retries and pacing). Off: a task for every run and send.
 DOVECOTE_INLINE_WORK = env.bool("DOVECOTE_INLINE_WORK", default=True)
+# A bot's router, out of updates, waits this long with its wake-up key for the next one (a
+# nudge through Redis) before it hands its worker back; it hands it back at once when other
+# tasks wait in the broker's queues. 0: every update after a pause costs a publish and a hop.
+DOVECOTE_ROUTER_LINGER_SECONDS = env.float("DOVECOTE_ROUTER_LINGER_SECONDS", default=1.0)
 DOVECOTE_SEND_LEASE_SECONDS = env.int("DOVECOTE_SEND_LEASE_SECONDS", default=60)
 DOVECOTE_CONSUMER_LEASE_SECONDS = env.int("DOVECOTE_CONSUMER_LEASE_SECONDS", default=300)
 # A consumer run is interrupted after this (Celery's soft time limit; a consumer's own `timeout`
