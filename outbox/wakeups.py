@@ -163,6 +163,7 @@ class Deferred:
         self._idle.set()
         self._thread: threading.Thread | None = None
         self._pid = 0
+        self._waiting = False  # the thread waits for items (not in a round, not pausing)
 
     def add(self, key: int, item: int) -> None:
         with self._lock:
@@ -174,6 +175,10 @@ class Deferred:
                 self._thread = threading.Thread(target=self._run, name="dovecote-wake-ups", daemon=True)
                 self._thread.start()
         self._ready.set()
+        if self._waiting:
+            # Hand the thread the GIL now: it would otherwise wait for it until this request
+            # next blocks (writing its response); its round trip lets the GIL go at once.
+            time.sleep(0)
 
     def flush(self, timeout: float = 2.0) -> bool:
         """Wait until every item added so far is handed over (a worker about to exit)."""
@@ -181,7 +186,9 @@ class Deferred:
 
     def _run(self) -> None:
         while True:
+            self._waiting = True
             self._ready.wait()
+            self._waiting = False
             self._ready.clear()
             with self._lock:
                 items, self._items = self._items, {}
