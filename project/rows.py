@@ -84,6 +84,33 @@ def _json_value(value: Any) -> Any:
     raise TypeError(f"rows: no JSON form for {type(value).__name__} {value!r}")
 
 
+def selected_columns(model: type[Model], alias: str) -> str:
+    """Every concrete field's column of `model` under `alias`, in the order `from_row` reads."""
+    return ", ".join(f'{alias}."{f.column}"' for f in model._meta.concrete_fields)
+
+
+@cache
+def _row_plan(model: type[Model]) -> list[tuple[Any, list[Callable[..., Any]]]]:
+    """Each concrete field's column expression and the converters the ORM applies to it."""
+    plan = []
+    for f in model._meta.concrete_fields:
+        col = f.get_col(model._meta.db_table)
+        plan.append((col, connection.ops.get_db_converters(col) + f.get_db_converters(connection)))
+    return plan
+
+
+def from_row(model: type[Model], values: tuple[Any, ...]) -> Model:
+    """An instance of `model` from a fixed statement's `selected_columns`, as a queryset
+    builds it (each field's converters applied: a JSONField's text decoded), without the
+    queryset's compile, which cost more than the hot path's reads themselves."""
+    converted = []
+    for value, (col, converters) in zip(values, _row_plan(model), strict=True):
+        for convert in converters:
+            value = convert(value, col, connection)
+        converted.append(value)
+    return model.from_db(DEFAULT_DB_ALIAS, None, converted)
+
+
 def fetch(sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
     """Run one of the hot paths' fixed statements (the claims, the attempt rows, the marks)
     and fetch its rows: its parameters bound server-side and, on a direct connection, the

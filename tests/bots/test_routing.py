@@ -194,3 +194,39 @@ def test_the_wake_up_thread_hands_over_every_item_once_in_few_rounds_and_outlive
     assert handed == list(range(1, 301))
     assert all(item % 2 == key - 1 for key, items in rounds for item in items)
     assert len(rounds) < 100  # 300 items, a few rounds: not a round trip each
+
+
+def test_the_routers_read_gives_the_updates_their_bot_and_circuits_as_the_queryset_would(bot, bot_factory) -> None:
+    from bots import transitions
+    from outbox.models import Circuit, CircuitState
+
+    other = bot_factory(name="other")
+    store(bot, 3)
+    store(other, 1)
+    InboundUpdate.objects.filter(pk=InboundUpdate.objects.filter(bot=bot).order_by("pk")[0].pk).update(
+        state=UpdateState.DONE
+    )
+    Circuit.objects.create(scope="consumer:auto_reply", state=CircuitState.OPEN, consecutive_failures=3)
+    Circuit.objects.create(scope="consumer:analytics", state=CircuitState.CLOSED, consecutive_failures=0)
+    scopes = ["consumer:analytics", "consumer:auto_reply", "consumer:crm"]
+
+    read = transitions.updates_to_route(bot_id=bot.pk, limit=50, circuits=scopes)
+    expected = list(InboundUpdate.objects.select_related("bot").filter(bot=bot, state=UpdateState.NEW).order_by("pk"))
+    assert len(read) == 2
+    assert [u.pk for u in read] == [u.pk for u in expected]
+    fields = [f.attname for f in InboundUpdate._meta.concrete_fields]
+    bot_fields = [f.attname for f in type(bot)._meta.concrete_fields]
+    for got, want in zip(read, expected, strict=True):
+        assert {f: getattr(got, f) for f in fields} == {f: getattr(want, f) for f in fields}
+        assert isinstance(got.payload, dict)
+        assert got.payload["message"]["text"] == "hi"
+        assert {f: getattr(got.bot, f) for f in bot_fields} == {f: getattr(want.bot, f) for f in bot_fields}
+        assert got.unsettled_circuits == ["consumer:auto_reply"]
+        assert not got._state.adding
+        assert got._state.db == "default"
+
+    assert len(transitions.updates_to_route(bot_id=bot.pk, limit=1)) == 1
+    assert not hasattr(transitions.updates_to_route(bot_id=bot.pk, limit=1)[0], "unsettled_circuits")
+    one = expected[1].pk
+    assert [u.pk for u in transitions.updates_to_route(update_pk=one, limit=1)] == [one]
+    assert transitions.updates_to_route(update_pk=InboundUpdate.objects.get(state=UpdateState.DONE).pk, limit=1) == []
