@@ -2,11 +2,13 @@
 than bench/sidebyside.py's whole-system figures on a shared, noisy host, so two versions of
 the code can be compared run against run (`--root` points at another checkout).
 
-    .venv/bin/python bench/hotpath_cpu.py [--updates 4000] [--batches 30] [--root DIR] [--profile FILE]
+    .venv/bin/python bench/hotpath_cpu.py [--updates 4000] [--batches 30] [--batch-size 50]
+                                          [--statements] [--root DIR] [--profile FILE]
 
 - webhook: the WSGI application called with `--updates` ~1 KB message updates, one at a time
   (the webhook's view, its INSERT, the wake-up thread's Redis calls): CPU per update.
-- router: `--batches` batches of 50 stored updates, each routed by one in-process call of the
+- router: `--batches` batches of 50 stored updates (`--batch-size 1`: the lone update of a
+  quiet bot, as at 20 updates/s), each routed by one in-process call of the
   router (`inbox_updates_route`: the runs, the inline echo and analytics consumers, the
   replies' enqueue and their inline send to the Bot API sandbox over HTTP, the marks): CPU
   per update routed and answered. The rate limiter is off and replies are not debounced.
@@ -32,7 +34,9 @@ from typing import Any
 
 parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 parser.add_argument("--updates", type=int, default=4000, help="webhook calls measured (after 200 of warm-up)")
-parser.add_argument("--batches", type=int, default=30, help="router batches of 50 measured (after 2 of warm-up)")
+parser.add_argument("--batches", type=int, default=30, help="router batches measured (after 2 of warm-up)")
+parser.add_argument("--batch-size", type=int, default=50, help="updates per router batch (1: a lone update)")
+parser.add_argument("--statements", action="store_true", help="print the SQL statements of one router batch")
 parser.add_argument("--profile", type=Path, help="write a cProfile of the router's calls to this file (pstats)")
 parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parent.parent, help="the checkout to measure")
 args = parser.parse_args()
@@ -46,7 +50,7 @@ sbs = importlib.import_module("sidebyside")
 DB = f"hotcpu{os.getpid()}"
 TOKEN = "700003:hotpath-cpu-token-abcdefghijklmnopqrstuvwxyz"
 SECRET = "hotpath-cpu-webhook-secret"
-BATCH = 50
+BATCH = args.batch_size
 
 
 def call_webhook(application: Any, body: bytes) -> None:
@@ -89,6 +93,9 @@ def measure_webhook(updates: int) -> float:
 
 
 def measure_router(batches: int) -> tuple[float, int, int]:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
     from bots import services
     from bots.models import Bot, InboundUpdate, UpdateState
     from outbox.models import OutboundMessage
@@ -106,13 +113,18 @@ def measure_router(batches: int) -> tuple[float, int, int]:
         if profile and k >= 2:
             profile.enable()
         started = time.process_time()
-        routed = services.inbox_updates_route(bot.pk, limit=BATCH)
+        with CaptureQueriesContext(connection) as statements:
+            routed = services.inbox_updates_route(bot.pk, limit=BATCH)
         if k >= 2:
             spent += time.process_time() - started
         if profile:
             profile.disable()
         if routed != BATCH:
             raise SystemExit(f"the router took {routed} of {BATCH} updates")
+        if args.statements and k == 2:
+            print(f"router: {len(statements)} SQL statements for a batch of {BATCH}:")
+            for statement in statements:
+                print(f"  {statement['time']} s  {statement['sql'][:110]}")
     if profile:
         profile.dump_stats(args.profile)
     time.sleep(0.5)

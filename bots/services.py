@@ -509,7 +509,8 @@ def consumer_runs_execute_inline(runs: list[ConsumerRun]) -> dict[int, str]:
     scopes = {
         circuits.consumer_scope(spec.name) for pk, spec in specs.items() if spec is not None and pk not in claimed
     }
-    unsettled = {c.scope for c in Circuit.objects.filter(scope__in=scopes) if _circuit_dirty(c)}
+    # Usually none: the runs were written claimed (no queryset to build for an empty IN).
+    unsettled = {c.scope for c in Circuit.objects.filter(scope__in=scopes) if _circuit_dirty(c)} if scopes else set()
     ready: list[ConsumerRun] = []
     for run in runs:
         spec = specs[run.pk]
