@@ -122,11 +122,14 @@ def await_nudge(name: str, seconds: float, busy_queues: Sequence[str]) -> bool:
             for queue in busy_queues:
                 pipe.llen(queue)
             pipe.blpop([nudges], timeout=min(left, LINGER_SLICE_SECONDS))
-            _, *waiting, nudged = pipe.execute()
+            # Runs as the BLPOP returns, in the same round trip: one look answers every
+            # nudge pushed before it. A nudge it deleted (pushed after a timed-out BLPOP)
+            # counts as one.
+            pipe.delete(nudges)
+            _, *waiting, nudged, deleted = pipe.execute()
             if any(waiting):
                 return False  # a nudge taken here is seen by the look once more
-            if nudged is not None:
-                client.delete(nudges)  # one look answers every nudge pushed before it
+            if nudged is not None or deleted:
                 return True
     except redis.RedisError as exc:
         logger.warning("stopped waiting on %s: %s", nudges, exc)
