@@ -10,7 +10,7 @@ when the one before it is done.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import datetime
@@ -57,21 +57,41 @@ def dispatch(
     return publish(task, (message_id,), kwargs, countdown=countdown, what=f"message {message_id}")
 
 
-_held: ContextVar[list[tuple[int, int]] | None] = ContextVar("dovecote_held_dispatches", default=None)
+class Held(list[tuple[int, int]]):
+    """The (message id, bot id) a holding block kept back for its caller to send, and
+    what is to run once they are sent (`after_sends`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.after: list[Callable[[], None]] = []
+
+
+_held: ContextVar[Held | None] = ContextVar("dovecote_held_dispatches", default=None)
 
 
 @contextmanager
-def holding() -> Iterator[list[tuple[int, int]]]:
+def holding() -> Iterator[Held]:
     """While the block runs, messages due now that `dispatch` would hand to the bot's drain
     are kept in the yielded list of (message id, bot id) instead: the caller, a worker that
     just wrote them, sends them itself right after (outbox.sending.single.send_held). A
     message the caller then cannot send goes to the drain as usual."""
-    held: list[tuple[int, int]] = []
+    held = Held()
     token = _held.set(held)
     try:
         yield held
     finally:
         _held.reset(token)
+
+
+def after_sends(then: Callable[[], None]) -> None:
+    """Run `then` once the messages the current holding block keeps back are sent (or
+    handed on): bookkeeping a reply need not wait for. Outside a holding block, at once.
+    A crash between the send and `then` leaves `then` undone, so it must be safe to skip."""
+    held = _held.get()
+    if held is None:
+        then()
+    else:
+        held.after.append(then)
 
 
 def kick_chat(message: OutboundMessage) -> None:

@@ -12,7 +12,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from outbox import botapi, circuits, ratelimit, selectors, transitions
-from outbox.dispatch import dispatch, drain_enabled, kick_chat
+from outbox.dispatch import Held, dispatch, drain_enabled, kick_chat
 from outbox.failpoints import failpoint, uncommitted
 from outbox.logs import current_trace_id
 from outbox.models import ErrorClass, OutboundMessage, State
@@ -153,6 +153,19 @@ def send_held(held: list[tuple[int, int]], *, bots: dict[int, Any] | None = None
         else:
             for message_id in message_ids:
                 _send_now(message_id, bot_id)
+    _run_after_sends(held)
+
+
+def _run_after_sends(held: list[tuple[int, int]]) -> None:
+    """What the block that wrote the messages left for after their send (dispatch.after_sends),
+    once: each never raises, as the send does not."""
+    after = held.after if isinstance(held, Held) else []
+    while after:
+        then = after.pop(0)
+        try:
+            then()
+        except Exception:
+            logger.exception("after the sends of messages %s: bookkeeping failed; it is left undone", held)
 
 
 def _send_batch_now(bot_id: int, message_ids: list[int], bot: Any) -> None:

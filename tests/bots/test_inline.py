@@ -283,6 +283,24 @@ def test_a_batchs_replies_guards_and_events_are_written_in_one_statement_each(bo
     assert OutboundMessage.objects.get(bot=fast, state=State.PENDING).payload == {"text": "Echo: m1 again"}
 
 
+def test_a_chats_guard_moves_once_its_reply_is_out_so_the_request_does_not_wait_for_it(bot_factory, sandbox) -> None:
+    from bots.models import ChatState
+
+    fast = bot_factory(rate_limit=1000)
+    store(fast, 2101, 1, "alone")  # a lone update: the single run's path
+    assert inbox_updates_route(fast.pk) == 1
+    store(fast, 2102, 2, "a")
+    store(fast, 2103, 3, "b")  # two at once: the consumer's batch form
+    assert inbox_updates_route(fast.pk) == 2
+
+    arrived = {int(c["params"]["chat_id"]): c["at"] for c in sandbox.calls(token=fast.token, method="sendMessage")}
+    guards = {g.chat_id: g for g in ChatState.objects.filter(bot=fast)}
+    assert {chat: g.last_answered_message_id for chat, g in guards.items()} == {2101: 1, 2102: 2, 2103: 3}
+    # Each guard was written after the sandbox had its chat's reply: one statement fewer
+    # between the reply's row and its request.
+    assert all(g.last_answered_at.timestamp() >= arrived[chat] for chat, g in guards.items())
+
+
 @pytest.fixture
 def half_batch_consumer() -> Iterator[list[int]]:
     """An inline consumer whose batch form writes two replies, then fails; alone it answers
