@@ -417,6 +417,104 @@ def acquire(
     return Wait(entry=entry)
 
 
+# `chat_waits`, `reserve_slots` and, for each send whose slot is now, `_take`, in one call
+# (a worker sending what it just wrote): the same keys and the same order of checks - the
+# 429 pause, then each chat's gate before it spends a slot of the bot, then the bot's slots
+# one interval apart, then its window - so the answers are those of the three calls made
+# one after another, with two round trips fewer. Per send: {kind, seconds} with kind 'go'
+# (in the window, its gate taken), 'slot' (a later slot reserved), 'full' (its slot is now
+# but the window is full), 'chat' (its chat is busy), 'none' (no slot within the horizon).
+_TAKE_NOW_LUA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local paused = redis.call('GET', KEYS[1])
+if paused and tonumber(paused) > now then return {'paused', tostring(tonumber(paused) - now)} end
+local interval, horizon = tonumber(ARGV[1]), tonumber(ARGV[2])
+local rate, longest, tolerance = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local nxt = tonumber(redis.call('GET', KEYS[2]) or '0')
+if nxt < now then nxt = now end
+local reserved, entered = false, false
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+local count = redis.call('ZCARD', KEYS[3])
+local out, gate = {}, 3
+for i = 0, tonumber(ARGV[6]) - 1 do
+  local period, id = tonumber(ARGV[7 + 2 * i]), ARGV[8 + 2 * i]
+  local key = nil
+  if period > 0 then gate = gate + 1; key = KEYS[gate] end
+  local left = key and redis.call('PTTL', key) or -2
+  local delay = nxt - now
+  if left > 0 then
+    out[#out + 1] = 'chat'; out[#out + 1] = tostring(math.min(left, period) / 1000)
+  elseif delay > horizon then
+    out[#out + 1] = 'none'; out[#out + 1] = tostring(delay)
+  else
+    nxt = nxt + interval
+    reserved = true
+    if delay > tolerance then
+      out[#out + 1] = 'slot'; out[#out + 1] = tostring(delay)
+    elseif count >= rate then
+      local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+      out[#out + 1] = 'full'; out[#out + 1] = tostring(tonumber(first[2]) - now)
+    else
+      if key then redis.call('SET', key, '1', 'PX', math.ceil(longest * 1000) + period) end
+      redis.call('ZADD', KEYS[3], string.format('%.6f', now + 1 + longest), id)
+      count = count + 1
+      entered = true
+      out[#out + 1] = 'go'; out[#out + 1] = '0'
+    end
+  end
+end
+if reserved then redis.call('SET', KEYS[2], tostring(nxt), 'PX', math.ceil((nxt - now) * 1000) + 1000) end
+if entered then redis.call('PEXPIRE', KEYS[3], math.ceil((longest + 2) * 1000)) end
+return out
+"""
+
+
+@cache
+def _take_now_script():
+    return redis_client().register_script(_TAKE_NOW_LUA)
+
+
+@dataclass(frozen=True)
+class Turn:
+    """A send's turn from `take_now`: "go" (with its window entry), "slot" (come back in
+    `seconds`, the slot is held), "full" (its slot is now, the bot's window is not: take it
+    with `acquire(slot_reserved=True)`), "chat" (its chat is busy for `seconds`), "none" (no
+    slot within the horizon) or "paused" (a 429 pause: `seconds` left)."""
+
+    kind: str
+    seconds: float = 0.0
+    entry: Entry | None = None
+
+
+def take_now(bot_id: int, rate: int, chat_ids: list[int | None], *, horizon: float) -> list[Turn] | None:
+    """Each send's turn, in one round trip: what `chat_waits`, `reserve_slots` and a send's
+    `acquire` at its slot answer one after another. None when that takes the calls one by
+    one: without Redis, with the limiter off, or for a chat with a moving window (a group's
+    20/min, kept by `limits`)."""
+    if not settings.REDIS_URL or not settings.DOVECOTE_RATE_LIMITS_ENABLED:
+        return None
+    gates: list[tuple[str, int] | None] = []
+    for chat_id in chat_ids:
+        gate = _chat_gate(parse(chat_limit_for(chat_id)), f"chat:{bot_id}:{chat_id}") if chat_id is not None else None
+        if chat_id is not None and gate is None:
+            return None
+        gates.append(gate)
+    entries = [Entry(bot_id, random_id(), gate) for gate in gates]
+    keys = [_pause_key(bot_id), _slot_key(bot_id), _window_key(bot_id)] + [g[0] for g in gates if g]
+    args: list[object] = [1.0 / max(rate * PACING, 0.001), horizon, max(int(rate), 1), _longest_wait()]
+    args += [SLOT_TOLERANCE_SECONDS, len(entries)]
+    for entry in entries:
+        args += [entry.chat_gate[1] if entry.chat_gate else 0, entry.id]
+    answer = [a.decode() if isinstance(a, bytes) else a for a in _take_now_script()(keys=keys, args=args)]
+    if answer[0] == "paused":
+        return [Turn("paused", float(answer[1]))] * len(entries)
+    return [
+        Turn(kind, float(seconds), entry if kind == "go" else None)
+        for kind, seconds, entry in zip(answer[::2], answer[1::2], entries, strict=True)
+    ]
+
+
 def chat_wait(*, bot_id: int, chat_id: int | None) -> float:
     """Seconds until this chat may take a message (0: now), without taking it: the drain
     leaves a busy chat's message waiting before it spends a slot of the whole bot on it."""

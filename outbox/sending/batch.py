@@ -277,6 +277,7 @@ def _send(
     held: float | None,
     circuit_dirty: bool,
     next_in_chat: bool = False,
+    entries: dict[int, ratelimit.Entry] | None = None,
 ) -> float | None:
     """Send the batch: at each slot, the chat's limit and the bot's window are checked as the
     single send checks them, the attempt rows are written (one statement, one commit, before
@@ -289,8 +290,9 @@ def _send(
     pending: set[concurrent.futures.Future[botapi.CallOutcome]] = set()
     deadline = start
     answered = False
-    # Each send's place in the bot's window, from its slot until its answer (ratelimit.leave).
-    entries: dict[int, ratelimit.Entry] = {}
+    # Each send's place in the bot's window, from its slot until its answer (ratelimit.leave);
+    # some may come with it already (`_take_turns`).
+    entries = dict(entries or {})
     sent_before = report.sent
     while schedule or pending:
         now = time.monotonic()
@@ -369,6 +371,9 @@ def _window(
     go: list[OutboundMessage] = []
     waits: list[tuple[OutboundMessage, ratelimit.Wait]] = []
     for n, message in enumerate(messages):
+        if message.pk in entries:
+            go.append(message)  # its turn came with its entry (ratelimit.take_now)
+            continue
         try:
             wait = ratelimit.acquire(
                 bot_id=bot.pk,
@@ -473,11 +478,49 @@ def _send_now(bot, message_ids: list[int]) -> list[int]:
         message._state.fields_cache["bot"] = bot
     report = DrainReport()
     ready = _drop_expired_and_vetoed(messages, worker=worker, report=report)
-    go, held = _take_slots(bot, ready, worker=worker, report=report, horizon=INLINE_HORIZON_SECONDS)
+    go, held, entries = _take_turns(bot, ready, worker=worker, report=report)
     claimed = {m.pk for m in messages}
     slotted = {m.pk for m, _ in go}
     # Those without a slot went back to waiting: the drain paces them.
     left = [pk for pk in message_ids if pk not in claimed] + [m.pk for m in ready if m.pk not in slotted]
     dirty = any(m.circuit_dirty for m in messages)
-    _send(bot, go, worker=worker, report=report, held=held, circuit_dirty=dirty, next_in_chat=True)
+    _send(bot, go, worker=worker, report=report, held=held, circuit_dirty=dirty, next_in_chat=True, entries=entries)
     return left
+
+
+def _take_turns(
+    bot, messages: list[OutboundMessage], *, worker: str, report: DrainReport
+) -> tuple[list[tuple[OutboundMessage, float]], float | None, dict[int, ratelimit.Entry]]:
+    """`_take_slots` for the inline send, in one round trip to the limiter where it can
+    (ratelimit.take_now): the sends whose slot is now come with their window entries, which
+    `_window` would otherwise take at the slot one round trip each."""
+    try:
+        turns = ratelimit.take_now(
+            bot.pk, bot.rate_limit, [limited_chat_id(m) for m in messages], horizon=INLINE_HORIZON_SECONDS
+        )
+    except ratelimit.LIMITER_ERRORS as exc:
+        return [], _limiter_unreachable(messages, worker=worker, report=report, exc=exc), {}
+    if turns is None:
+        go, held = _take_slots(bot, messages, worker=worker, report=report, horizon=INLINE_HORIZON_SECONDS)
+        return go, held, {}
+    go: list[tuple[OutboundMessage, float]] = []
+    busy: list[tuple[OutboundMessage, ratelimit.Wait]] = []
+    entries: dict[int, ratelimit.Entry] = {}
+    held: float | None = None
+    for message, turn in zip(messages, turns, strict=True):
+        if turn.kind == "chat":
+            busy.append((message, ratelimit.Wait(turn.seconds)))
+        elif turn.kind in ("none", "paused"):
+            # The bot's slots are taken beyond the horizon, or a 429 pauses it: still due,
+            # for the drain.
+            transitions.release(message, worker=worker, next_attempt_at=message.next_attempt_at)
+            held = max(held or 0.0, time.monotonic() + turn.seconds)
+        else:
+            # "slot" and "full" take the window at their slot (`_window`), as `_take_slots`' do.
+            go.append((message, turn.seconds if turn.kind == "slot" else 0.0))
+            if turn.entry is not None:
+                entries[message.pk] = turn.entry
+    _hold(busy, worker=worker, report=report)
+    if go and go[-1][1] > ratelimit.SLOT_TOLERANCE_SECONDS:
+        held = max(held or 0.0, time.monotonic() + go[-1][1])
+    return go, held, entries

@@ -1,0 +1,110 @@
+"""The limiter's one-round-trip turn for a worker sending what it just wrote
+(ratelimit.take_now): the answers of `chat_waits`, `reserve_slots` and `acquire` at the
+slot, from the same Redis keys, so that every other send - the drain's, a task's - keeps
+counting what a turn took. Real Redis; the inline sends through the sandbox."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import override_settings
+
+from bots.services import inbox_update_store, inbox_updates_route
+from outbox import ratelimit
+from outbox.models import OutboundMessage, State
+from project import connections
+from tests.bots.fakes import message_update
+
+pytestmark = pytest.mark.django_db
+
+
+def kinds(turns: list[ratelimit.Turn] | None) -> list[str]:
+    assert turns is not None
+    return [turn.kind for turn in turns]
+
+
+def test_a_send_whose_slot_is_now_goes_holding_its_chat_and_a_place_in_the_bots_window(bot) -> None:
+    turns = ratelimit.take_now(bot.pk, 30, [71, 72, None], horizon=0.05)
+
+    # One slot of a 30/s bot is now; the next is 35 ms away (within the horizon), the third not.
+    assert kinds(turns) == ["go", "slot", "none"]
+    assert turns[0].entry is not None
+    assert turns[1].entry is None
+    assert 0.03 < turns[1].seconds < 0.04
+    # Every other send sees what the turn took: the chat's gate and the bot's next slots.
+    assert 0.9 < ratelimit.chat_wait(bot_id=bot.pk, chat_id=71) <= 1.0
+    assert ratelimit.chat_wait(bot_id=bot.pk, chat_id=72) == 0.0  # its slot is held, not its chat
+    kind, seconds = ratelimit.reserve_slot(bot.pk, 30, horizon=1.0)
+    assert (kind, seconds > 0.06) == ("reserved", True)
+    ratelimit.leave([turns[0].entry])
+
+
+def test_a_busy_chat_spends_no_slot_of_the_bot(bot) -> None:
+    busy = ratelimit.acquire(bot_id=bot.pk, bot_rate=1000, chat_id=81)
+    ratelimit.leave([busy.entry])
+
+    turns = ratelimit.take_now(bot.pk, 30, [81, 81, 82], horizon=0.01)
+
+    # The chat answered just now waits its second; the other chat takes the bot's one slot.
+    assert kinds(turns) == ["chat", "chat", "go"]
+    assert 0.9 < turns[0].seconds <= 1.0
+    ratelimit.leave([turns[2].entry])
+
+
+def test_two_sends_to_one_chat_in_one_turn_take_its_gate_once(bot) -> None:
+    turns = ratelimit.take_now(bot.pk, 1000, [91, 91, 92], horizon=0.05)
+
+    assert kinds(turns) == ["go", "chat", "go"]
+    ratelimit.leave([t.entry for t in turns if t.entry])
+
+
+def test_a_full_window_is_left_to_the_send_at_its_slot(bot) -> None:
+    # Two sends of a 2/s bot are out, their answers not in: its window is full.
+    out = [ratelimit._take(bot.pk, 2, None, check_pause=True)[2] for _ in range(2)]
+
+    turns = ratelimit.take_now(bot.pk, 2, [None], horizon=0.05)
+
+    assert kinds(turns) == ["full"]
+    assert turns[0].seconds > 1.0  # the first entry leaves a second after its answer at the earliest
+    ratelimit.leave(out)
+
+
+def test_a_429_pause_holds_every_send_of_the_turn(bot) -> None:
+    ratelimit.pause_bot(bot.pk, 2.0)
+
+    turns = ratelimit.take_now(bot.pk, 1000, [101, None], horizon=0.05)
+
+    assert kinds(turns) == ["paused", "paused"]
+    assert 1.5 < turns[0].seconds <= 2.0
+    assert ratelimit.chat_wait(bot_id=bot.pk, chat_id=101) == 0.0  # nothing was taken
+
+
+def test_a_group_or_the_limiter_switched_off_takes_the_calls_one_by_one(bot, settings) -> None:
+    assert ratelimit.take_now(bot.pk, 30, [11, -100123], horizon=0.05) is None  # a group's 20/min window
+    settings.DOVECOTE_RATE_LIMITS_ENABLED = False
+    assert ratelimit.take_now(bot.pk, 30, [11], horizon=0.05) is None
+
+
+def limiter_calls() -> int:
+    """The limiter's scripts run so far (Redis counts the commands inside a script too, so
+    the chat lookups' PTTLs outside one are not told apart: the scripts are the calls)."""
+    stats = connections.redis_client().info("commandstats")
+    return sum(stats.get(f"cmdstat_{name}", {}).get("calls", 0) for name in ("evalsha", "eval"))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_inline_reply_takes_its_turn_and_leaves_the_window_in_two_limiter_calls(bot_factory, sandbox) -> None:
+    fast = bot_factory(rate_limit=1000)
+    with override_settings(DOVECOTE_INLINE_WORK=True):
+        inbox_update_store(bot=fast, payload=message_update(chat_id=111, text="warm", message_id=1))
+        inbox_updates_route(fast.pk)  # the scripts loaded, the connections open
+        for n in range(2, 6):
+            inbox_update_store(bot=fast, payload=message_update(chat_id=110 + n, text=f"m{n}", message_id=n))
+        before = limiter_calls()
+        assert inbox_updates_route(fast.pk) == 4
+        calls = limiter_calls() - before
+
+    assert sorted(sandbox.sent_texts(token=fast.token)) == [f"Echo: m{n}" for n in range(2, 6)] + ["Echo: warm"]
+    assert set(OutboundMessage.objects.filter(bot=fast).values_list("state", flat=True)) == {State.SENT}
+    # Four replies: one turn for the lot and one leave per gathered set of answers (at most
+    # four), where the calls one by one made a reservation and four takes (and a chat lookup).
+    assert 2 <= calls <= 5
