@@ -361,7 +361,16 @@ def _router_wake_for(bot_id: int, update_pks: list[int]) -> bool:
     return woken
 
 
-_router_wake_soon = wakeups.Deferred(_router_wake_for)
+def _router_nudge(bot_id: int, update_pk: int) -> bool | None:
+    """The webhook's wake-up in its own thread when its process is quiet: a nudge for the
+    bot's router when one holds the key (a steady stream keeps one lingering); else the
+    wake-up thread publishes one (or falls back, when Redis failed)."""
+    if not router_coalesced():
+        return False
+    return wakeups.nudge_if_held(_router_key(bot_id))
+
+
+_router_wake_soon = wakeups.Deferred(_router_wake_for, at_once=_router_nudge)
 
 
 def inbox_router_wakes_flush(timeout: float = 2.0) -> bool:

@@ -24,6 +24,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
+from functools import cache
 
 import redis
 from django.conf import settings
@@ -136,6 +137,34 @@ def await_nudge(name: str, seconds: float, busy_queues: Sequence[str]) -> bool:
     return False
 
 
+# A nudge for the task holding the key, only while one holds it: a stray nudge would make the
+# next task's first wait end at once for an empty look.
+_NUDGE_IF_HELD_LUA = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('RPUSH', KEYS[2], '1')
+redis.call('PEXPIRE', KEYS[2], ARGV[1])
+return 1
+"""
+
+
+@cache
+def _nudge_if_held_script():
+    return ratelimit.redis_client().register_script(_NUDGE_IF_HELD_LUA)
+
+
+def nudge_if_held(name: str) -> bool | None:
+    """One round trip, and never a publish: when a task holds the key (queued, running or
+    lingering), nudge it and say True; the work is then seen as after a SET NX that found
+    the key (the nudge, the task's next look, or its look once more after letting go).
+    False: no task holds it (a wake-up must publish one). None: Redis failed."""
+    try:
+        client = ratelimit.redis_client()
+        return bool(_nudge_if_held_script()(keys=[name, nudges_key(name)], args=[KEY_TTL_MS], client=client))
+    except redis.RedisError as exc:
+        logger.warning("could not nudge %s: %s", name, exc)
+        return None
+
+
 def _quietly(command: str, *args: object) -> None:
     with contextlib.suppress(redis.RedisError):  # the key expires by itself
         getattr(ratelimit.redis_client(), command)(*args)
@@ -154,11 +183,30 @@ class Deferred:
     then, and takes what arrives meanwhile with its next batch); an idle process wakes the
     task at once. A process that
     dies with items still here is like Redis failing: the work is due in its rows and the
-    sweeper dispatches it."""
+    sweeper dispatches it.
 
-    def __init__(self, wake_up: Callable[[int, list[int]], None], *, interval: float = 0.01) -> None:
+    `at_once(key, item)`, when given, is tried in the caller's thread while the process is
+    quiet (the thread waits with nothing to do, and no item came within `interval`): a
+    wake-up that costs the request one round trip and no publish (`nudge_if_held`), instead
+    of the wait for the thread to get the GIL back from the request. It says True when the
+    item needs nothing more, False to hand it to the thread as usual, None when Redis
+    failed: then the thread has this item and the next ones for AT_ONCE_BACKOFF_SECONDS,
+    so a Redis that hangs holds one request at a time, not each."""
+
+    AT_ONCE_BACKOFF_SECONDS = 5.0
+
+    def __init__(
+        self,
+        wake_up: Callable[[int, list[int]], None],
+        *,
+        interval: float = 0.01,
+        at_once: Callable[[int, int], bool | None] | None = None,
+    ) -> None:
         self._wake_up = wake_up
         self._interval = interval
+        self._at_once = at_once
+        self._last_add = 0.0
+        self._at_once_after = 0.0
         self._lock = threading.Lock()
         self._items: dict[int, list[int]] = {}
         self._ready = threading.Event()
@@ -169,6 +217,11 @@ class Deferred:
         self._waiting = False  # the thread waits for items (not in a round, not pausing)
 
     def add(self, key: int, item: int) -> None:
+        now = time.monotonic()
+        quiet = self._waiting and not self._items and now - self._last_add >= self._interval
+        self._last_add = now
+        if quiet and self._at_once is not None and now >= self._at_once_after and self._try_at_once(key, item):
+            return
         with self._lock:
             self._items.setdefault(key, []).append(item)
             self._idle.clear()
@@ -182,6 +235,16 @@ class Deferred:
             # Hand the thread the GIL now: it would otherwise wait for it until this request
             # next blocks (writing its response); its round trip lets the GIL go at once.
             time.sleep(0)
+
+    def _try_at_once(self, key: int, item: int) -> bool:
+        try:
+            done = self._at_once(key, item)  # type: ignore[misc] - checked by the caller
+        except Exception:  # the thread has it then
+            logger.exception("wake-up for %s in the request failed", key)
+            done = None
+        if done is None:
+            self._at_once_after = time.monotonic() + self.AT_ONCE_BACKOFF_SECONDS
+        return bool(done)
 
     def flush(self, timeout: float = 2.0) -> bool:
         """Wait until every item added so far is handed over (a worker about to exit)."""

@@ -5,6 +5,7 @@ a task per update, and the sweeper still dispatches what is left."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import psycopg
@@ -194,6 +195,85 @@ def test_the_wake_up_thread_hands_over_every_item_once_in_few_rounds_and_outlive
     assert handed == list(range(1, 301))
     assert all(item % 2 == key - 1 for key, items in rounds for item in items)
     assert len(rounds) < 100  # 300 items, a few rounds: not a round trip each
+
+
+def test_a_quiet_process_wakes_in_the_callers_thread_and_a_busy_one_leaves_it_to_its_thread() -> None:
+    rounds: list[list[int]] = []
+    at_once: list[tuple[int, int]] = []
+    answers = {2: True, 3: False, 4: None}  # done / hand it to the thread / Redis failed
+
+    def wake_up(key: int, items: list[int]) -> None:
+        rounds.append(items)
+        time.sleep(0.005)
+
+    def try_at_once(key: int, item: int) -> bool | None:
+        at_once.append((threading.get_ident(), item))
+        return answers.get(item, True)
+
+    deferred = wakeups.Deferred(wake_up, at_once=try_at_once)
+    deferred.add(1, 1)  # its thread is not running yet
+    assert deferred.flush(timeout=5)
+    time.sleep(0.05)  # quiet: the thread waits, and nothing came for a while
+    for item in (2, 3):
+        deferred.add(1, item)
+        assert deferred.flush(timeout=5)
+        time.sleep(0.05)
+    assert at_once == [(threading.get_ident(), 2), (threading.get_ident(), 3)]  # in this thread
+    assert sorted(i for r in rounds for i in r) == [1, 3]  # 2 needed nothing more
+
+    # A burst: items close together go to the thread, a round for many.
+    for item in range(100, 160):
+        deferred.add(1, item)
+    assert deferred.flush(timeout=10)
+    assert [i for _, i in at_once if i >= 100] == [100]  # the first, in a quiet process
+    assert sorted(i for r in rounds for i in r if i >= 100) == list(range(101, 160))
+
+    # Redis failed in the request: the thread has this item and the next quiet ones.
+    time.sleep(0.05)
+    before = len(at_once)
+    deferred.add(1, 4)
+    for item in (5, 6):
+        assert deferred.flush(timeout=5)
+        time.sleep(0.05)
+        deferred.add(1, item)
+    assert deferred.flush(timeout=5)
+    assert [i for _, i in at_once[before:]] == [4]
+    assert {4, 5, 6} <= {i for r in rounds for i in r}
+
+
+def test_a_quiet_webhook_nudges_the_router_holding_the_key_before_its_request_returns(bot, monkeypatch) -> None:
+    monkeypatch.setattr(services._router_wake_soon, "_at_once_after", 0.0)  # an earlier test's Redis failure
+    store_at_the_webhook(bot, 1)  # no router: the thread publishes one, which holds the key
+    assert queued_tasks() == ["bots.route_bot"]
+    forget_queued_tasks()
+    nudges = wakeups.nudges_key(services._router_key(bot.pk))
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    client.delete(nudges)
+    time.sleep(0.05)
+
+    services.inbox_update_store(bot=bot, payload=message_update(chat_id=960, text="hi", message_id=1), wake_soon=True)
+    # No flush: the nudge left with the request, one round trip, no publish.
+    assert client.llen(nudges) == 1
+    assert services.inbox_router_wakes_flush(timeout=10)
+    assert queued_tasks() == []
+    assert services.inbox_router_run(bot.pk) == 2  # the router that held the key routes both
+
+
+def test_with_redis_failing_a_quiet_webhook_tries_it_in_the_request_once_then_leaves_it_to_the_thread(
+    bot, monkeypatch, caplog
+) -> None:
+    monkeypatch.setattr(services._router_wake_soon, "_at_once_after", 0.0)
+    store_at_the_webhook(bot, 1)  # the thread is running
+    forget_queued_tasks()
+    with limiter_redis_at("redis://127.0.0.1:9/0"):
+        for i in range(3):
+            time.sleep(0.05)
+            services.inbox_update_store(
+                bot=bot, payload=message_update(chat_id=970 + i, text="hi", message_id=1), wake_soon=True
+            )
+            assert services.inbox_router_wakes_flush(timeout=10)
+    assert len([r for r in caplog.records if r.getMessage().startswith("could not nudge")]) == 1
+    assert queued_tasks() == ["bots.route_update"] * 3  # each still got its task, from the thread
 
 
 def test_the_routers_read_gives_the_updates_their_bot_and_circuits_as_the_queryset_would(bot, bot_factory) -> None:
