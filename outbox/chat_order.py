@@ -28,10 +28,21 @@ _TABLE = OutboundMessage._meta.db_table
 def blocked_sql(alias: str) -> str:
     """SQL that is true when the row `alias` must wait for an earlier message of its chat.
     Takes one parameter, now."""
+    return _blocked(alias, f"AND e.id < {alias}.id", "%s")
+
+
+def blocked_new_sql(alias: str, now: str) -> str:
+    """`blocked_sql` for a row about to be written (`alias`, not in the table yet): every
+    message of its chat is earlier than it. `now` is the SQL of the current time (a named
+    parameter)."""
+    return _blocked(alias, "", now)
+
+
+def _blocked(alias: str, earlier: str, now: str) -> str:
     return f"""({alias}.ordered AND EXISTS (
         SELECT 1 FROM {_TABLE} e WHERE e.bot_id = {alias}.bot_id AND e.chat_id = {alias}.chat_id
-          AND e.id < {alias}.id AND e.ordered AND e.state IN ('pending', 'retry', 'sending')
-          AND (e.state IN ('retry', 'sending') OR e.send_at IS NULL OR e.send_at <= %s)))"""  # noqa: S608
+          {earlier} AND e.ordered AND e.state IN ('pending', 'retry', 'sending')
+          AND (e.state IN ('retry', 'sending') OR e.send_at IS NULL OR e.send_at <= {now})))"""  # noqa: S608
 
 
 def blocked_expression(now: datetime) -> RawSQL:

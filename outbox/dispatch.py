@@ -58,11 +58,13 @@ def dispatch(
 
 
 class Held(list[tuple[int, int]]):
-    """The (message id, bot id) a holding block kept back for its caller to send, and
-    what is to run once they are sent (`after_sends`)."""
+    """The (message id, bot id) a holding block kept back for its caller to send, those of
+    them written already claimed by this worker (`claimed`, their rows as written: see
+    `claims_on_write`), and what is to run once they are sent (`after_sends`)."""
 
     def __init__(self) -> None:
         super().__init__()
+        self.claimed: dict[int, OutboundMessage] = {}
         self.after: list[Callable[[], None]] = []
 
 
@@ -81,6 +83,29 @@ def holding() -> Iterator[Held]:
         yield held
     finally:
         _held.reset(token)
+
+
+def claims_on_write(message: OutboundMessage) -> bool:
+    """Whether a message about to be written may be written claimed by this worker
+    (transitions.write_claimed: one statement instead of an INSERT and a claim): its writer
+    is in a holding block, so it sends the message itself right after the commit, in a
+    batch send (`drain_enabled`), and nothing makes it wait (no `send_at`, not a broadcast).
+    Whether it is claimed then is the statement's to decide, as a claim would."""
+    return _held.get() is not None and not message.broadcast and message.send_at is None and drain_enabled()
+
+
+def hand_claimed(message: OutboundMessage) -> None:
+    """A message written claimed, now committed: to the holding block that sends it. When
+    its transaction committed after the block had ended (an atomic block around it), it is
+    let go (sending -> pending, no attempt) and handed on as any message is."""
+    held = _held.get()
+    if held is not None:
+        held.append((message.pk, message.bot_id))
+        held.claimed[message.pk] = message
+        return
+    if transitions.release(message, worker=message.lease_owner, next_attempt_at=message.next_attempt_at):
+        message.state, message.lease_owner, message.lease_expires_at = "pending", "", None
+    dispatch(message.pk, bot_id=message.bot_id)
 
 
 def after_sends(then: Callable[[], None]) -> None:

@@ -18,10 +18,12 @@ from django.db.models import Q
 from django.utils import timezone
 
 from outbox import botapi, policy, ratelimit, retention, selectors, splitting, transitions
+from outbox import dispatch as outbox_dispatch
 from outbox.dispatch import dispatch, kick_chat
 from outbox.logs import current_trace_id
 from outbox.methods import CREATES_MESSAGE, SUPPORTED_METHODS, ordered_by_default
-from outbox.models import OnAmbiguous, OutboundMessage
+from outbox.models import OnAmbiguous, OutboundMessage, State
+from outbox.workers import worker_id
 from project import rows
 
 logger = logging.getLogger(__name__)
@@ -190,7 +192,12 @@ def outbound_message_enqueue(
         # The common case (one message) is one statement, like the webhook's insert: no
         # SELECT first, no savepoint.
         message = call.message
-        created = rows.insert_once(message, unique=("bot_id", "idempotency_key"))
+        if outbox_dispatch.claims_on_write(message):
+            # Its writer sends it right after the commit: written claimed, no claim then.
+            lease = timedelta(seconds=settings.DOVECOTE_SEND_LEASE_SECONDS)
+            created = transitions.write_claimed(message, worker=worker_id(), lease=lease) is not None
+        else:
+            created = rows.insert_once(message, unique=("bot_id", "idempotency_key"))
         if not created:
             message = OutboundMessage.objects.get(bot_id=bot_id, idempotency_key=idempotency_key)
         messages.append(message)
@@ -314,6 +321,9 @@ def _dispatch_on_commit(messages: list[OutboundMessage]) -> None:
 
     def dispatch_all() -> None:
         for row in messages:
+            if row.state == State.SENDING:  # written claimed (transitions.write_claimed)
+                outbox_dispatch.hand_claimed(row)
+                continue
             dispatch(row.pk, bot_id=row.bot_id, countdown=max(0.0, (row.next_attempt_at - now).total_seconds()))
 
     transaction.on_commit(dispatch_all)

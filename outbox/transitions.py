@@ -1,6 +1,7 @@
 """Every state change of an outbound message, each one conditional UPDATE.
 
 pending|retry -> sending (claim) -> sent | retry | failed | unknown;
+(new) -> sending (write_claimed: a message written by the worker that sends it);
 pending|retry -> cancelled; sending with an expired lease -> retry or unknown (sweeper).
 
 A function returns False (or None) when the row was not in the expected state: another
@@ -124,6 +125,44 @@ def claim_batch(
         messages.append(message)
     messages.sort(key=lambda m: (m.next_attempt_at, m.pk))
     return messages
+
+
+def write_claimed(message: OutboundMessage, *, worker: str, lease: timedelta) -> bool | None:
+    """(new) -> sending, or -> as given: write the message once per key (PostgreSQL), born
+    claimed by `worker` when `claim_batch` would claim it at once (pending and due, not a
+    broadcast, no earlier message of its chat open, the bot's circuit closed), in the one
+    statement that writes it. For a worker that sends what it writes (outbox.dispatch.
+    claims_on_write). None: the key was taken, nothing was written. True: written claimed,
+    its state and lease set on `message`, and `message.circuit_dirty` as a claim sets it.
+    False: written as given (pending), for the drain."""
+    from outbox.models import Circuit
+
+    now = timezone.now()
+    circuit_table = Circuit._meta.db_table
+    not_closed = f"SELECT 1 FROM {circuit_table} c WHERE c.scope = %(scope)s AND c.state <> 'closed'"  # noqa: S608
+    goes = f"""SELECT r.state = 'pending' AND r.broadcast = '' AND r.next_attempt_at <= %(now)s
+        AND (r.send_at IS NULL OR r.send_at <= %(now)s)
+        AND NOT {chat_order.blocked_new_sql("r", "%(now)s")} AND NOT EXISTS ({not_closed}) AS go"""
+    failures = f"SELECT 1 FROM {circuit_table} c WHERE c.scope = %(scope)s AND c.consecutive_failures > 0"  # noqa: S608
+    written = rows_module.insert_once_computed(
+        message,
+        unique=("bot_id", "idempotency_key"),
+        computed={
+            "state": "CASE WHEN x.go THEN 'sending' ELSE r.state END",
+            "lease_owner": "CASE WHEN x.go THEN %(worker)s ELSE r.lease_owner END",
+            "lease_expires_at": "CASE WHEN x.go THEN %(until)s ELSE r.lease_expires_at END",
+        },
+        lateral=goes,
+        returning=f"state = 'sending', EXISTS ({failures})",
+        params={"now": now, "scope": circuits.bot_scope(message.bot_id), "worker": worker, "until": now + lease},
+    )
+    if written is None:
+        return None
+    _, claimed, circuit_dirty = written
+    if claimed:
+        message.state, message.lease_owner, message.lease_expires_at = State.SENDING, worker, now + lease
+        message.circuit_dirty = circuit_dirty
+    return bool(claimed)
 
 
 def begin_attempts(messages: list[OutboundMessage], *, worker: str) -> dict[int, Attempt]:

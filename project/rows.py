@@ -126,7 +126,7 @@ def execute(sql: str, params: list[Any]) -> int:
 
 
 def _execute(
-    db: Any, sql: str, params: list[Any], *, prepare: bool = False, rows: bool = True
+    db: Any, sql: str, params: list[Any] | dict[str, Any], *, prepare: bool = False, rows: bool = True
 ) -> tuple[list[tuple[Any, ...]], int]:
     """Run one statement: (its rows, its row count). On PostgreSQL the parameters travel
     beside the statement (psycopg's server-side binding) instead of being quoted into its text
@@ -228,6 +228,41 @@ def insert_many_once(rows: list[Model], *, unique: tuple[str, ...]) -> int:
         params = [column[n] for n in range(len(rows)) for column in values]
         fetched = _execute(db, _sql(model, unique, len(rows)), params)[0]
     return _saved(db, rows, unique, fetched)
+
+
+def insert_once_computed(
+    row: Model,
+    *,
+    unique: tuple[str, ...],
+    computed: dict[str, str],
+    lateral: str = "",
+    returning: str = "",
+    params: dict[str, Any] | None = None,
+) -> tuple[Any, ...] | None:
+    """`insert_once` on PostgreSQL with some columns decided by the statement itself: the
+    row's values are `r` (the table's row type, from their JSON), `lateral` a LATERAL
+    subquery beside it (as `x`), and `computed` gives {column: SQL over r and x}; `returning`
+    adds expressions to the pk. Parameters are named (%(name)s, in `params`; `row` is taken).
+    Sets the row's pk; its other fields are the caller's to update from `returning`. Returns
+    (pk, *returning), or None when a row with the same `unique` columns exists."""
+    model = type(row)
+    db = connections[DEFAULT_DB_ALIAS]
+    qn = connection.ops.quote_name
+    table = qn(model._meta.db_table)
+    select = ", ".join(computed.get(f.column, "r." + qn(f.column)) for f in _fields(model))
+    beside = f", LATERAL ({lateral}) x" if lateral else ""
+    sql = (
+        f"INSERT INTO {table} ({_columns(model)}) SELECT {select}"  # noqa: S608 - names from _meta
+        f" FROM json_populate_recordset(NULL::{table}, %(row)s::json) r{beside}"
+        f" ON CONFLICT ({', '.join(qn(c) for c in unique)}) DO NOTHING"
+        f" RETURNING {qn(model._meta.pk.column)}{', ' + returning if returning else ''}"
+    )
+    fetched = _execute(db, sql, {**(params or {}), "row": _rows_json([row])}, prepare=True)[0]
+    if not fetched:
+        return None
+    row.pk = fetched[0][0]
+    row._state.adding, row._state.db = False, db.alias
+    return fetched[0]
 
 
 def insert_many_with(

@@ -442,36 +442,49 @@ def _record(
 INLINE_HORIZON_SECONDS = 0.05
 
 
-def outbound_messages_send_now(bot_id: int, message_ids: list[int], *, bot=None) -> list[int]:
+def outbound_messages_send_now(
+    bot_id: int, message_ids: list[int], *, bot=None, claimed: dict[int, OutboundMessage] | None = None
+) -> list[int]:
     """Send these just-committed messages of one bot from this worker, as one batch of the
     drain: one claim, one statement of attempt rows, the requests together, the answers in
-    one statement (outbox.sending.single.send_held). Only what the bot has
-    room for now goes; nothing waits here. Returns the ids it did not send (not due, an
-    earlier message of their chat still open, the bot's circuit not closed, claimed
-    elsewhere, or no slot yet) for the caller to hand to the drain."""
+    one statement (outbox.sending.single.send_held). `claimed`: those of them written
+    already claimed by this worker (transitions.write_claimed), as written; they need no
+    claim. Only what the bot has room for now goes; nothing waits here. Returns the ids it
+    did not send (not due, an earlier message of their chat still open, the bot's circuit
+    not closed, claimed elsewhere, or no slot yet) for the caller to hand to the drain."""
+    claimed = claimed or {}
     if bot is None:
         bot = selectors.bot_model().objects.filter(pk=bot_id).first()
     if bot is None:
+        # No bot to send with: those written claimed go back to waiting, as a drain's would.
+        worker = worker_id()
+        for pk in message_ids:
+            if pk in claimed:
+                transitions.release(claimed[pk], worker=worker, next_attempt_at=claimed[pk].next_attempt_at)
         return message_ids
     # A batch at a time: more requests in flight than the HTTP client has connections only
     # cost CPU in its pool (its bookkeeping grows with the square of what waits in it).
     size = send_batch_size(bot)
     left: list[int] = []
     for start in range(0, len(message_ids), size):
-        left += _send_now(bot, message_ids[start : start + size])
+        left += _send_now(bot, message_ids[start : start + size], claimed)
     return left
 
 
-def _send_now(bot, message_ids: list[int]) -> list[int]:
+def _send_now(bot, message_ids: list[int], written_claimed: dict[int, OutboundMessage]) -> list[int]:
     bot_id = bot.pk
     worker = worker_id()
     lease = timedelta(seconds=settings.DOVECOTE_SEND_LEASE_SECONDS)
-    with uncommitted("before_claim_commit"):
-        messages = transitions.claim_batch(
-            bot_id=bot_id, worker=worker, lease=lease, limit=len(message_ids), ids=message_ids
-        )
-        if messages:
-            failpoint("before_claim_commit")
+    messages = [written_claimed[pk] for pk in message_ids if pk in written_claimed]
+    to_claim = [pk for pk in message_ids if pk not in written_claimed]
+    if to_claim:
+        with uncommitted("before_claim_commit"):
+            claimed_now = transitions.claim_batch(
+                bot_id=bot_id, worker=worker, lease=lease, limit=len(to_claim), ids=to_claim
+            )
+            if claimed_now:
+                failpoint("before_claim_commit")
+        messages = sorted(messages + claimed_now, key=lambda m: (m.next_attempt_at, m.pk))
     if messages:
         failpoint("after_claim")
     for message in messages:

@@ -147,9 +147,10 @@ def send_held(held: list[tuple[int, int]], *, bots: dict[int, Any] | None = None
     for message_id, bot_id in held:
         by_bot.setdefault(bot_id, []).append(message_id)
     batched = drain_enabled()
+    claimed = held.claimed if isinstance(held, Held) else {}
     for bot_id, message_ids in by_bot.items():
         if batched:
-            _send_batch_now(bot_id, message_ids, (bots or {}).get(bot_id))
+            _send_batch_now(bot_id, message_ids, (bots or {}).get(bot_id), claimed)
         else:
             for message_id in message_ids:
                 _send_now(message_id, bot_id)
@@ -168,11 +169,11 @@ def _run_after_sends(held: list[tuple[int, int]]) -> None:
             logger.exception("after the sends of messages %s: bookkeeping failed; it is left undone", held)
 
 
-def _send_batch_now(bot_id: int, message_ids: list[int], bot: Any) -> None:
+def _send_batch_now(bot_id: int, message_ids: list[int], bot: Any, claimed: dict[int, Any]) -> None:
     from outbox.sending.batch import outbound_messages_send_now
 
     try:
-        left = outbound_messages_send_now(bot_id, message_ids, bot=bot)
+        left = outbound_messages_send_now(bot_id, message_ids, bot=bot, claimed=claimed)
     except Exception:
         logger.exception("messages %s: sending them inline failed; the sweeper dispatches them", message_ids)
         return

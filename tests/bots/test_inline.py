@@ -18,7 +18,7 @@ from bots.services import consumer_run_execute, inbox_update_store, inbox_update
 from outbox import ratelimit
 from outbox.models import OutboundMessage, State
 from tests.bots.fakes import message_update
-from tests.support import queued
+from tests.support import queued, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("inline_work")]
 
@@ -345,3 +345,109 @@ def test_a_batch_that_fails_runs_one_by_one_and_writes_nothing_twice(bot_factory
     # went first; these wait for the chat's one message a second).
     tallies = OutboundMessage.objects.filter(bot=fast, payload__text__startswith="tally:")
     assert sorted(tallies.values_list("payload__text", flat=True)) == ["tally: a", "tally: b", "tally: d"]
+
+
+# --- a reply written claimed (outbox.transitions.write_claimed) -----------------------
+
+
+def test_a_lone_echos_reply_is_written_claimed_so_no_claim_comes_between_its_row_and_its_request(
+    bot_factory, sandbox
+) -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    fast = bot_factory(rate_limit=1000)
+    store(fast, 2201, 1, "alone")
+
+    with CaptureQueriesContext(connection) as statements:
+        assert inbox_updates_route(fast.pk) == 1
+
+    sql = [q["sql"] for q in statements]
+    assert not [s for s in sql if "SET state = 'sending'" in s]  # no claim statement
+    writes = [s for s in sql if s.startswith('INSERT INTO "outbox_outboundmessage"')]
+    assert len(writes) == 1
+    assert "THEN 'sending'" in writes[0]
+    reply = OutboundMessage.objects.get(bot=fast)
+    assert (reply.state, reply.attempts, reply.lease_owner) == (State.SENT, 1, "")
+    assert reply.attempt_set.count() == 1
+    assert sandbox.sent_texts(token=fast.token) == ["Echo: alone"]
+
+
+def test_a_reply_to_a_chat_with_an_earlier_message_open_is_written_waiting_and_goes_after_it(
+    bot_factory, sandbox
+) -> None:
+    from outbox.sending.batch import outbound_messages_drain
+    from outbox.services import outbound_message_enqueue
+
+    fast = bot_factory(rate_limit=1000)
+    earlier, _ = outbound_message_enqueue(bot_id=fast.pk, chat_id=2301, payload={"text": "first"}, idempotency_key="e1")
+    assert earlier.state == State.PENDING  # no worker has taken it yet
+    store(fast, 2301, 1, "second")
+
+    assert inbox_updates_route(fast.pk) == 1
+
+    reply = OutboundMessage.objects.get(bot=fast, payload__text="Echo: second")
+    assert (reply.state, reply.attempts, reply.lease_owner) == (State.PENDING, 0, "")
+    assert sandbox.sent_texts(token=fast.token) == []
+    outbound_messages_drain(fast.pk)  # the drain its wake-up published
+    assert sandbox.sent_texts(token=fast.token) == ["first"]
+
+    def drained_in_order() -> bool:
+        outbound_messages_drain(fast.pk)  # the chat's next message, once its gate (1 s) opens
+        return len(sandbox.sent_texts(token=fast.token)) >= 2
+
+    wait_until(drained_in_order, timeout=10, message="the reply followed the earlier message")
+    assert sandbox.sent_texts(token=fast.token) == ["first", "Echo: second"]
+
+
+def test_a_reply_of_a_bot_whose_circuit_is_open_is_written_waiting_not_claimed(bot_factory, sandbox) -> None:
+    from outbox import circuits
+    from outbox.models import Circuit, CircuitState
+
+    fast = bot_factory(rate_limit=1000)
+    Circuit.objects.create(scope=circuits.bot_scope(fast.pk), state=CircuitState.OPEN, consecutive_failures=5)
+    store(fast, 2401, 1, "held")
+
+    assert inbox_updates_route(fast.pk) == 1
+
+    reply = OutboundMessage.objects.get(bot=fast)
+    assert (reply.state, reply.attempts, reply.lease_owner) == (State.PENDING, 0, "")
+    assert sandbox.sent_texts(token=fast.token) == []
+
+
+def test_a_message_written_claimed_whose_commit_comes_after_its_holding_block_is_let_go_for_the_drain(
+    bot_factory,
+) -> None:
+    from django.db import transaction
+
+    from outbox import dispatch
+    from outbox.services import outbound_message_enqueue
+
+    fast = bot_factory(rate_limit=1000)
+    with transaction.atomic():
+        with dispatch.holding() as held:
+            message, created = outbound_message_enqueue(
+                bot_id=fast.pk, chat_id=2501, payload={"text": "late commit"}, idempotency_key="late"
+            )
+        assert created
+        assert message.state == State.SENDING  # written claimed, not committed yet
+    # Committed after the block: nobody here sends it, so it waits for the drain, unclaimed.
+    assert list(held) == []
+    row = OutboundMessage.objects.get(pk=message.pk)
+    assert (row.state, row.attempts, row.lease_owner, row.lease_expires_at) == (State.PENDING, 0, "", None)
+    assert "outbox.drain_bot" in queued_names()
+
+
+def test_the_same_key_written_twice_in_holding_blocks_is_one_message_sent_once(bot_factory, sandbox) -> None:
+    from outbox import dispatch
+    from outbox.sending import single
+    from outbox.services import outbound_message_enqueue
+
+    fast = bot_factory(rate_limit=1000)
+    for _ in range(2):
+        with dispatch.holding() as held:
+            outbound_message_enqueue(bot_id=fast.pk, chat_id=2601, payload={"text": "once"}, idempotency_key="k1")
+        single.send_held(held)
+    assert OutboundMessage.objects.filter(bot=fast).count() == 1
+    assert OutboundMessage.objects.get(bot=fast).state == State.SENT
+    assert sandbox.sent_texts(token=fast.token) == ["once"]

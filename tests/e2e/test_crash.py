@@ -326,7 +326,7 @@ def test_a_router_killed_after_its_inline_runs_leaves_them_to_the_sweeper_and_th
     from tests.bots.fakes import message_update
 
     bot = bot_factory(responder="echo")
-    env = {**process_env, "DOVECOTE_CONSUMER_LEASE_SECONDS": str(LEASE)}
+    env = {**process_env, "DOVECOTE_CONSUMER_LEASE_SECONDS": str(LEASE), "DOVECOTE_SEND_LEASE_SECONDS": str(LEASE)}
     doomed = crash_worker(env, processes, failpoint="after_inline_runs", name="router-a")
     update, _ = inbox_update_store(bot=bot, payload=message_update(chat_id=4343, text="ping", message_id=1))
     inbox_router_wake(bot.pk, update.pk)
@@ -336,15 +336,20 @@ def test_a_router_killed_after_its_inline_runs_leaves_them_to_the_sweeper_and_th
         ("auto_reply", RunState.RUNNING, 1),
         ("analytics", RunState.RUNNING, 1),
     }
+    # The reply was written claimed by the router that was to send it (outbox.transitions.
+    # write_claimed): under its lease, with no attempt row, so it was never sent.
     reply = OutboundMessage.objects.get(bot=bot)
-    assert (reply.state, reply.attempts) == (State.PENDING, 0)
+    assert (reply.state, reply.attempts) == (State.SENDING, 0)
+    assert not reply.attempt_set.exists()
     assert sandbox.calls(token=bot.token, method="sendMessage") == []
 
     crash_worker(env, processes, name="router-a2")
     wait_until(lambda: all(r.lease_expires_at < timezone.now() for r in runs.all()), timeout=LEASE + 5)
+    wait_until(lambda: OutboundMessage.objects.get(pk=reply.pk).lease_expires_at < timezone.now(), timeout=LEASE + 5)
     with NO_GRACE:
         report = sweep()
     assert report["runs_released"] == 2
+    assert report["messages_released"] == 1  # no attempt: back to waiting, safe to send
     wait_until(lambda: runs.filter(state=RunState.DONE).count() == 2, timeout=30, message="the runs re-ran")
     wait_until(lambda: OutboundMessage.objects.filter(bot=bot, state=State.SENT).exists(), timeout=30)
 
