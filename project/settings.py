@@ -150,8 +150,9 @@ else:
 # server-side prepared statements (psycopg's prepare_threshold None: project/rows.py's
 # statements then go unprepared, with their parameters still bound server-side in an unnamed
 # statement, which PgBouncer passes), no server-side binding for Django's own statements.
-# Dovecote itself takes no session locks (the sweeper uses a lease row) and sets nothing per
-# session; Django's SET TIME ZONE is a parameter PgBouncer tracks per client.
+# Dovecote itself takes no session locks (the sweeper uses a lease row) and there sets nothing
+# per session (the plan_cache_mode of project/postgresql is for prepared statements only);
+# Django's SET TIME ZONE is a parameter PgBouncer tracks per client.
 DATABASE_POOLER = env.str("DATABASE_POOLER", default="")
 if DATABASE_POOLER not in ("", "session", "transaction"):
     raise ImproperlyConfigured("DATABASE_POOLER must be empty, 'session' or 'transaction'.")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from django.db import close_old_connections, connection
+from django.db import close_old_connections, connection, connections
 
 from bots.models import Bot
 
@@ -104,3 +104,22 @@ def test_a_connection_postgresql_ended_is_replaced_before_the_next_statement() -
 
     assert new_pid != old_pid
     assert time.monotonic() - started < 5
+
+
+def _plan_cache_mode(db) -> str:
+    with db.cursor() as cursor:
+        cursor.execute("SHOW plan_cache_mode")
+        return cursor.fetchone()[0]
+
+
+def test_a_connection_that_prepares_statements_plans_each_once_and_one_behind_a_pooler_sets_nothing() -> None:
+    connection.close()  # a new connection, as a process opens it
+    assert _plan_cache_mode(connection) == "force_generic_plan"
+
+    options = {**connection.settings_dict["OPTIONS"], "prepare_threshold": None}
+    pooled = type(connections["default"])({**connection.settings_dict, "OPTIONS": options}, "default")
+    try:
+        # DATABASE_POOLER=transaction: nothing is prepared, so no session state is set.
+        assert _plan_cache_mode(pooled) == "auto"
+    finally:
+        pooled.close()

@@ -1,4 +1,5 @@
-"""Django's PostgreSQL backend, with a connection health check that costs no round trip.
+"""Django's PostgreSQL backend, with a connection health check that costs no round trip, and
+one plan for each of the hot paths' prepared statements (`_configure_connection`).
 
 CONN_HEALTH_CHECKS makes Django send a `SELECT 1` before the first statement of every
 request and every Celery task (project/celery.py runs Django's check around each task): a
@@ -20,6 +21,17 @@ from psycopg import pq
 
 
 class DatabaseWrapper(base.DatabaseWrapper):
+    def _configure_connection(self, connection: object) -> bool:
+        commit = super()._configure_connection(connection)
+        if self.settings_dict["OPTIONS"].get("prepare_threshold") is None:
+            return commit  # nothing is prepared (behind a transaction pooler): nothing to set
+        # The hot paths' prepared statements (project/rows.py) are written for one plan of
+        # any parameters (states in their text, ids as arrays): left to choose, PostgreSQL
+        # kept planning the routing statement afresh on every run (0.3 ms of its ~1 ms).
+        with connection.cursor() as cursor:  # type: ignore[attr-defined]
+            cursor.execute("SET plan_cache_mode = force_generic_plan")
+        return True
+
     def close_if_health_check_failed(self) -> None:
         if (
             self.connection is not None
