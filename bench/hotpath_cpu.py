@@ -3,7 +3,8 @@ than bench/sidebyside.py's whole-system figures on a shared, noisy host, so two 
 the code can be compared run against run (`--root` points at another checkout).
 
     .venv/bin/python bench/hotpath_cpu.py [--updates 4000] [--batches 30] [--batch-size 50]
-                                          [--statements] [--root DIR] [--profile FILE]
+                                          [--statements] [--timings] [--limiter]
+                                          [--root DIR] [--profile FILE]
 
 - webhook: the WSGI application called with `--updates` ~1 KB message updates, one at a time
   (the webhook's view, its INSERT, the wake-up thread's Redis calls): CPU per update.
@@ -14,6 +15,10 @@ the code can be compared run against run (`--root` points at another checkout).
   per update routed and answered, and the wall-clock time per batch. The rate limiter is off
   (`--limiter`: on, for a bot of 1,000 messages/s; keep batches x size under the 200 chats,
   or a chat's second reply waits its second for the drain) and replies are not debounced.
+
+`--timings`: the median wall-clock time of each of a batch's statements (through
+project/rows.py, where the hot path's statements go) and of the Python before each: where a
+lone update's 8 ms go, round trip by round trip.
 
 CPU is this process's (time.process_time); PostgreSQL's, Redis's and the sandbox's are not
 in it. Creates and drops its own database (hotcpu<pid>) and Redis prefix; the sandbox runs
@@ -28,6 +33,7 @@ import importlib
 import io
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -39,6 +45,7 @@ parser.add_argument("--updates", type=int, default=4000, help="webhook calls mea
 parser.add_argument("--batches", type=int, default=30, help="router batches measured (after 2 of warm-up)")
 parser.add_argument("--batch-size", type=int, default=50, help="updates per router batch (1: a lone update)")
 parser.add_argument("--statements", action="store_true", help="print the SQL statements of one router batch")
+parser.add_argument("--timings", action="store_true", help="median time of each statement and the Python between")
 parser.add_argument("--profile", type=Path, help="write a cProfile of the router's calls to this file (pstats)")
 parser.add_argument("--limiter", action="store_true", help="the rate limiter on, for a bot of 1,000 messages/s")
 parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parent.parent, help="the checkout to measure")
@@ -109,18 +116,41 @@ def measure_router(batches: int) -> tuple[float, float, int, int]:
     first = 10**9  # above the webhook phase's update ids
     spent = wall = 0.0
     profile = cProfile.Profile() if args.profile else None
+    timed: list[tuple[float, float, str]] = []  # (start, end, statement) of this batch
+    spans: dict[tuple[int, int, str], list[float]] = {}
+    if args.timings:
+        import project.rows
+
+        execute = project.rows._execute
+
+        def timed_execute(*a: Any, **kw: Any) -> Any:
+            begun = time.perf_counter()
+            try:
+                return execute(*a, **kw)
+            finally:
+                timed.append((begun, time.perf_counter(), " ".join(a[1].split())[:72]))
+
+        project.rows._execute = timed_execute
     for k in range(batches + 2):
         for n in range(first + k * BATCH, first + (k + 1) * BATCH):
             payload = sbs.update_body(n, n, sbs.chat_for(n), sbs.update_text(n))
             services.inbox_update_store(bot=bot, payload=payload)
         if profile and k >= 2:
             profile.enable()
+        timed.clear()
         started, clock = time.process_time(), time.perf_counter()
         with CaptureQueriesContext(connection) as statements:
             routed = services.inbox_updates_route(bot.pk, limit=BATCH)
+        ended = time.perf_counter()
         if k >= 2:
             spent += time.process_time() - started
-            wall += time.perf_counter() - clock
+            wall += ended - clock
+            before = clock
+            for n, (begun, done, sql) in enumerate(timed):
+                spans.setdefault((n, 0, f"Python, then: {sql}"), []).append(begun - before)
+                spans.setdefault((n, 1, "  the statement"), []).append(done - begun)
+                before = done
+            spans.setdefault((len(timed), 0, "Python after the last"), []).append(ended - before)
         if profile:
             profile.disable()
         if routed != BATCH:
@@ -131,6 +161,10 @@ def measure_router(batches: int) -> tuple[float, float, int, int]:
                 print(f"  {statement['time']} s  {statement['sql'][:110]}")
     if profile:
         profile.dump_stats(args.profile)
+    if args.timings:
+        print(f"router: median wall-clock ms per batch of {BATCH}, in order ({batches} batches):")
+        for (n, _, what), values in sorted(spans.items()):
+            print(f"  {n:2d} {statistics.median(values) * 1000:7.3f}  {what}")
     time.sleep(0.5)
     sent = OutboundMessage.objects.filter(state="sent").count()
     return spent / (batches * BATCH), wall / batches, sent, (batches + 2) * BATCH
