@@ -362,7 +362,7 @@ def _router_wake_for(bot_id: int, update_pks: list[int]) -> bool:
 
 
 def _router_nudge(bot_id: int, update_pk: int) -> bool | None:
-    """The webhook's wake-up in its own thread when its process is quiet: a nudge for the
+    """The webhook's wake-up in the request's thread when its process is quiet: a nudge for the
     bot's router when one holds the key (a steady stream keeps one lingering); else the
     wake-up thread publishes one (or falls back, when Redis failed)."""
     if not router_coalesced():

@@ -20,7 +20,7 @@ from django.conf import settings
 from django.db import connection
 
 from outbox import policy, selectors, transitions, wakeups
-from outbox.models import OutboundMessage
+from outbox.models import OutboundMessage, State
 from outbox.publishing import publish
 
 
@@ -104,7 +104,7 @@ def hand_claimed(message: OutboundMessage) -> None:
         held.claimed[message.pk] = message
         return
     if transitions.release(message, worker=message.lease_owner, next_attempt_at=message.next_attempt_at):
-        message.state, message.lease_owner, message.lease_expires_at = "pending", "", None
+        message.state, message.lease_owner, message.lease_expires_at = State.PENDING, "", None
     dispatch(message.pk, bot_id=message.bot_id)
 
 

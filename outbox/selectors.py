@@ -117,7 +117,7 @@ def _for_send_sql() -> str:
     # outbox_open_chat_idx for the chat's order.
     return f"""
         SELECT {select},
-          EXISTS (SELECT 1 FROM {c} c WHERE c.scope = {bot_scope} AND c.state <> 'closed'),
+          {circuits.not_closed_sql(bot_scope)},
           EXISTS (SELECT 1 FROM {c} c WHERE c.scope = {bot_scope}
                     AND NOT (c.state = 'closed' AND c.consecutive_failures = 0)),
           {chat_order.blocked_sql("m")}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timedelta
+from functools import cache
 from typing import Any
 
 from django.db import connection, transaction
@@ -87,7 +88,6 @@ def claim_batch(
     everything while the bot's circuit is not closed (its probe goes one by one). With
     `due_since`, only messages that fell due since then (the rest is the sweeper's ramp).
     With `ids`, only those messages (a worker sending the ones it has just written)."""
-    from outbox.models import Circuit
 
     now = timezone.now()
     # The pick is a CTE so that it runs once: as an `id IN (subquery)` PostgreSQL may run it
@@ -102,7 +102,7 @@ def claim_batch(
           WHERE q.bot_id = %s AND q.state IN ('pending', 'retry') AND q.next_attempt_at <= %s
             AND q.next_attempt_at >= %s AND q.broadcast = ''{" AND q.id = ANY(%s)" if ids is not None else ""}
             AND NOT {chat_order.blocked_sql("q")}
-            AND NOT EXISTS (SELECT 1 FROM {Circuit._meta.db_table} c WHERE c.scope = %s AND c.state <> 'closed')
+            AND NOT {circuits.not_closed_sql("%s")}
           ORDER BY q.next_attempt_at
           LIMIT %s
           FOR UPDATE SKIP LOCKED
@@ -110,7 +110,7 @@ def claim_batch(
         UPDATE {_MESSAGES} m SET state = 'sending', lease_owner = %s, lease_expires_at = %s, updated_at = %s
         FROM picked WHERE m.id = picked.id AND m.state IN ('pending', 'retry')
         RETURNING {columns},
-          EXISTS (SELECT 1 FROM {Circuit._meta.db_table} c WHERE c.scope = %s AND c.consecutive_failures > 0)
+          {circuits.has_failures_sql("%s")}
     """  # noqa: S608 - names from _meta, values as parameters
     since = due_since or datetime.min.replace(tzinfo=now.tzinfo)
     scope = circuits.bot_scope(bot_id)
@@ -135,25 +135,13 @@ def write_claimed(message: OutboundMessage, *, worker: str, lease: timedelta) ->
     claims_on_write). None: the key was taken, nothing was written. True: written claimed,
     its state and lease set on `message`, and `message.circuit_dirty` as a claim sets it.
     False: written as given (pending), for the drain."""
-    from outbox.models import Circuit
-
     now = timezone.now()
-    circuit_table = Circuit._meta.db_table
-    not_closed = f"SELECT 1 FROM {circuit_table} c WHERE c.scope = %(scope)s AND c.state <> 'closed'"  # noqa: S608
-    goes = f"""SELECT r.state = 'pending' AND r.broadcast = '' AND r.next_attempt_at <= %(now)s
-        AND (r.send_at IS NULL OR r.send_at <= %(now)s)
-        AND NOT {chat_order.blocked_new_sql("r", "%(now)s")} AND NOT EXISTS ({not_closed}) AS go"""
-    failures = f"SELECT 1 FROM {circuit_table} c WHERE c.scope = %(scope)s AND c.consecutive_failures > 0"  # noqa: S608
     written = rows_module.insert_once_computed(
         message,
         unique=("bot_id", "idempotency_key"),
-        computed={
-            "state": "CASE WHEN x.go THEN 'sending' ELSE r.state END",
-            "lease_owner": "CASE WHEN x.go THEN %(worker)s ELSE r.lease_owner END",
-            "lease_expires_at": "CASE WHEN x.go THEN %(until)s ELSE r.lease_expires_at END",
-        },
-        lateral=goes,
-        returning=f"state = 'sending', EXISTS ({failures})",
+        computed=_WRITTEN_CLAIMED,
+        lateral=_written_claimed_goes(),
+        returning=_written_claimed_returning(),
         params={"now": now, "scope": circuits.bot_scope(message.bot_id), "worker": worker, "until": now + lease},
     )
     if written is None:
@@ -163,6 +151,26 @@ def write_claimed(message: OutboundMessage, *, worker: str, lease: timedelta) ->
         message.state, message.lease_owner, message.lease_expires_at = State.SENDING, worker, now + lease
         message.circuit_dirty = circuit_dirty
     return bool(claimed)
+
+
+# write_claimed's columns decided by its statement: `x.go` is whether a claim would take it now.
+_WRITTEN_CLAIMED = {
+    "state": "CASE WHEN x.go THEN 'sending' ELSE r.state END",
+    "lease_owner": "CASE WHEN x.go THEN %(worker)s ELSE r.lease_owner END",
+    "lease_expires_at": "CASE WHEN x.go THEN %(until)s ELSE r.lease_expires_at END",
+}
+
+
+@cache
+def _written_claimed_goes() -> str:
+    return f"""SELECT r.state = 'pending' AND r.broadcast = '' AND r.next_attempt_at <= %(now)s
+        AND (r.send_at IS NULL OR r.send_at <= %(now)s) AND NOT {chat_order.blocked_new_sql("r", "%(now)s")}
+        AND NOT {circuits.not_closed_sql("%(scope)s")} AS go"""
+
+
+@cache
+def _written_claimed_returning() -> str:
+    return f"state = 'sending', {circuits.has_failures_sql('%(scope)s')}"
 
 
 def begin_attempts(messages: list[OutboundMessage], *, worker: str) -> dict[int, Attempt]:

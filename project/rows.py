@@ -247,22 +247,30 @@ def insert_once_computed(
     (pk, *returning), or None when a row with the same `unique` columns exists."""
     model = type(row)
     db = connections[DEFAULT_DB_ALIAS]
-    qn = connection.ops.quote_name
-    table = qn(model._meta.db_table)
-    select = ", ".join(computed.get(f.column, "r." + qn(f.column)) for f in _fields(model))
-    beside = f", LATERAL ({lateral}) x" if lateral else ""
-    sql = (
-        f"INSERT INTO {table} ({_columns(model)}) SELECT {select}"  # noqa: S608 - names from _meta
-        f" FROM json_populate_recordset(NULL::{table}, %(row)s::json) r{beside}"
-        f" ON CONFLICT ({', '.join(qn(c) for c in unique)}) DO NOTHING"
-        f" RETURNING {qn(model._meta.pk.column)}{', ' + returning if returning else ''}"
-    )
+    sql = _sql_computed(model, unique, tuple(computed.items()), lateral, returning)
     fetched = _execute(db, sql, {**(params or {}), "row": _rows_json([row])}, prepare=True)[0]
     if not fetched:
         return None
     row.pk = fetched[0][0]
     row._state.adding, row._state.db = False, db.alias
     return fetched[0]
+
+
+@cache
+def _sql_computed(
+    model: type[Model], unique: tuple[str, ...], computed: tuple[tuple[str, str], ...], lateral: str, returning: str
+) -> str:
+    qn = connection.ops.quote_name
+    table = qn(model._meta.db_table)
+    by_column = dict(computed)
+    select = ", ".join(by_column.get(f.column, "r." + qn(f.column)) for f in _fields(model))
+    beside = f", LATERAL ({lateral}) x" if lateral else ""
+    return (
+        f"INSERT INTO {table} ({_columns(model)}) SELECT {select}"  # noqa: S608 - names from _meta
+        f" FROM json_populate_recordset(NULL::{table}, %(row)s::json) r{beside}"
+        f" ON CONFLICT ({', '.join(qn(c) for c in unique)}) DO NOTHING"
+        f" RETURNING {qn(model._meta.pk.column)}{', ' + returning if returning else ''}"
+    )
 
 
 def insert_many_with(
