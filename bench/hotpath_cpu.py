@@ -18,10 +18,12 @@ the code can be compared run against run (`--root` points at another checkout).
 
 `--timings`: the median wall-clock time of each of a batch's statements (through
 project/rows.py, where the hot path's statements go) and of the Python before each: where a
-lone update's 8 ms go, round trip by round trip.
+lone update's 8 ms go, round trip by round trip; and the CPU the PostgreSQL backend spent on
+each.
 
-CPU is this process's (time.process_time); PostgreSQL's, Redis's and the sandbox's are not
-in it. Creates and drops its own database (hotcpu<pid>) and Redis prefix; the sandbox runs
+CPU is this process's (time.process_time), and apart from it the webhook's PostgreSQL
+backend's (from its /proc/<pid>/schedstat: PostgreSQL must run on this host); Redis's and
+the sandbox's are not in it. Creates and drops its own database (hotcpu<pid>) and Redis prefix; the sandbox runs
 as a subprocess, stopped by PID.
 """
 
@@ -37,6 +39,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -90,16 +93,30 @@ def body(n: int) -> bytes:
     return json.dumps(sbs.update_body(n, n, sbs.chat_for(n), sbs.update_text(n))).encode()
 
 
-def measure_webhook(updates: int) -> float:
+def backend_cpu() -> Callable[[], int]:
+    """The CPU time (ns) the PostgreSQL backend of this thread's connection has used so far,
+    from its /proc/<pid>/schedstat (PostgreSQL runs on this host)."""
+    from django.db import connection
+
+    connection.ensure_connection()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        schedstat = Path(f"/proc/{cursor.fetchone()[0]}/schedstat")
+    return lambda: int(schedstat.read_text().split()[0])
+
+
+def measure_webhook(updates: int) -> tuple[float, float]:
+    """CPU per update: this process's, and its PostgreSQL backend's."""
     from project.wsgi import application
 
     bodies = [body(n) for n in range(1, updates + 201)]
     for b in bodies[:200]:
         call_webhook(application, b)
-    started = time.process_time()
+    pg = backend_cpu()
+    started, pg_started = time.process_time(), pg()
     for b in bodies[200:]:
         call_webhook(application, b)
-    return (time.process_time() - started) / updates
+    return (time.process_time() - started) / updates, (pg() - pg_started) / 1e9 / updates
 
 
 def measure_router(batches: int) -> tuple[float, float, int, int]:
@@ -116,19 +133,23 @@ def measure_router(batches: int) -> tuple[float, float, int, int]:
     first = 10**9  # above the webhook phase's update ids
     spent = wall = 0.0
     profile = cProfile.Profile() if args.profile else None
-    timed: list[tuple[float, float, str]] = []  # (start, end, statement) of this batch
+    timed: list[tuple[float, float, int, str]] = []  # (start, end, backend CPU ns, statement) of this batch
     spans: dict[tuple[int, int, str], list[float]] = {}
+    pg_spent: list[float] = []  # the backend's CPU for each statement measured
     if args.timings:
         import project.rows
 
         execute = project.rows._execute
+        pg = backend_cpu()
 
         def timed_execute(*a: Any, **kw: Any) -> Any:
+            cpu = pg()
             begun = time.perf_counter()
             try:
                 return execute(*a, **kw)
             finally:
-                timed.append((begun, time.perf_counter(), " ".join(a[1].split())[:72]))
+                ended = time.perf_counter()
+                timed.append((begun, ended, pg() - cpu, " ".join(a[1].split())[:72]))
 
         project.rows._execute = timed_execute
     for k in range(batches + 2):
@@ -146,9 +167,11 @@ def measure_router(batches: int) -> tuple[float, float, int, int]:
             spent += time.process_time() - started
             wall += ended - clock
             before = clock
-            for n, (begun, done, sql) in enumerate(timed):
+            for n, (begun, done, cpu, sql) in enumerate(timed):
                 spans.setdefault((n, 0, f"Python, then: {sql}"), []).append(begun - before)
                 spans.setdefault((n, 1, "  the statement"), []).append(done - begun)
+                spans.setdefault((n, 2, "  PostgreSQL's CPU for it"), []).append(cpu / 1e9)
+                pg_spent.append(cpu / 1e9)
                 before = done
             spans.setdefault((len(timed), 0, "Python after the last"), []).append(ended - before)
         if profile:
@@ -165,6 +188,8 @@ def measure_router(batches: int) -> tuple[float, float, int, int]:
         print(f"router: median wall-clock ms per batch of {BATCH}, in order ({batches} batches):")
         for (n, _, what), values in sorted(spans.items()):
             print(f"  {n:2d} {statistics.median(values) * 1000:7.3f}  {what}")
+        total = sum(pg_spent) / (batches * BATCH)
+        print(f"router: PostgreSQL's CPU per update routed and answered, {total * 1000:.3f} ms (all its statements)")
     time.sleep(0.5)
     sent = OutboundMessage.objects.filter(state="sent").count()
     return spent / (batches * BATCH), wall / batches, sent, (batches + 2) * BATCH
@@ -190,8 +215,11 @@ def main() -> None:
         c.django_setup(env)
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
         print(f"{ROOT} at {head.stdout.strip() or '?'}")
-        webhook = measure_webhook(args.updates)
-        print(f"webhook: {webhook * 1000:.3f} ms of CPU per update ({args.updates} updates)")
+        webhook, webhook_pg = measure_webhook(args.updates)
+        print(
+            f"webhook: {webhook * 1000:.3f} ms of CPU per update ({args.updates} updates); "
+            f"its PostgreSQL backend's: {webhook_pg * 1000:.3f} ms"
+        )
         router, wall, sent, routed = measure_router(args.batches)
         print(
             f"router:  {router * 1000:.3f} ms of CPU per update routed and answered, {wall * 1000:.2f} ms per batch "

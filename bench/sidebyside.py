@@ -1,7 +1,7 @@
 """Side by side: Dovecote against a bare Django view and python-telegram-bot's own webhook echo
 bot, one after another, against the same Bot API sandbox (over HTTP) and the same load.
 
-    .venv/bin/python bench/sidebyside.py [--seconds 10] [--only bare,ptb,dovecote] [--e2e-seconds 15]
+    .venv/bin/python bench/sidebyside.py [--seconds 10] [--only bare,ptb,dovecote] [--e2e-seconds 15] [--rounds 1]
 
 Systems:
 - bare: a Django view that parses the JSON and does one `INSERT … ON CONFLICT DO NOTHING`
@@ -38,6 +38,9 @@ drops its own databases (sbs<pid>_*) and Redis keys (db 14, prefix sbs<pid>_*); 
 it starts runs in its own process group and is stopped by PID, also on Ctrl-C or SIGTERM.
 The machine's 2 cores are shared by the load generator, the sandbox, PostgreSQL and the
 system measured: compare rows within one run, not absolute figures across machines.
+`--rounds N` runs the whole sequence N times and prints, after each round's table, every
+target's figure in each round and their median: a shared host's speed moves between the
+systems' runs, minutes apart, and the spread of the rounds shows by how much.
 """
 
 from __future__ import annotations
@@ -858,7 +861,32 @@ def report(rows: dict[str, Row], loader: Loader, seconds: float, e2e_seconds: fl
             for total, stages in row.latency.slowest:
                 print(f"  {key}: a slow echo, {total:.1f} ms: " + " / ".join(f"{ms:.1f}" for ms in stages))
     print()
-    checks = []
+    for name, value, op, target in checks(rows):
+        met = value >= target if op == ">=" else value <= target
+        print(f"{name:42} {value:8.2f}   target {op} {target:g}: {'met' if met else 'NOT MET'}")
+
+
+def report_rounds(rounds: list[dict[str, Row]]) -> None:
+    """Each target's figure in every round and their median: the rounds' spread is the
+    host's noise, which one round's ratio of two runs minutes apart cannot show."""
+    by_name: dict[str, list[float]] = {}
+    targets: dict[str, tuple[str, float]] = {}
+    for rows in rounds:
+        for name, value, op, target in checks(rows):
+            by_name.setdefault(name, []).append(value)
+            targets[name] = (op, target)
+    print(f"\n=== {len(rounds)} rounds: each round's figure, then their median")
+    for name, values in by_name.items():
+        op, target = targets[name]
+        median = statistics.median(values)
+        met = median >= target if op == ">=" else median <= target
+        each = " ".join(f"{v:.2f}" for v in values)
+        print(f"{name:42} {each}  median {median:.2f}   target {op} {target:g}: {'met' if met else 'NOT MET'}")
+
+
+def checks(rows: dict[str, Row]) -> list[tuple[str, float, str, float]]:
+    """(what, figure, ">=" or "<=", the issue's target) for the rows this run measured."""
+    checks: list[tuple[str, float, str, float]] = []
     bare, ptb = rows.get("bare"), rows.get("ptb")
     alone, whole = rows.get("dovecote-alone"), rows.get("dovecote-whole")
     if alone and bare and alone.rate and bare.rate:
@@ -873,9 +901,7 @@ def report(rows: dict[str, Row], loader: Loader, seconds: float, e2e_seconds: fl
     paid = rows.get("dovecote-paid")
     if paid and paid.latency is not None:
         checks.append((f"e2e p99 at {PAID_E2E_RATE}/s, {PAID_RATE_LIMIT}/s bot, ms", paid.latency.p99_ms, "<=", 100.0))
-    for name, value, op, target in checks:
-        met = value >= target if op == ">=" else value <= target
-        print(f"{name:42} {value:8.2f}   target {op} {target:g}: {'met' if met else 'NOT MET'}")
+    return checks
 
 
 # -------------------------------------------------------------------------------- main
@@ -888,6 +914,9 @@ def main() -> None:
     parser.add_argument("--e2e-seconds", type=float, default=15, help="length of the steady 20 updates/s run")
     parser.add_argument("--only", default=",".join(SYSTEMS), help="comma-separated subset of: " + ",".join(SYSTEMS))
     parser.add_argument("--keep-logs", action="store_true", help="keep the processes' log files (paths printed)")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="run the whole sequence this many times; print each round and the medians"
+    )
     args = parser.parse_args()
     only = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = set(only) - set(SYSTEMS)
@@ -896,23 +925,33 @@ def main() -> None:
     if "ptb" in only and importlib.util.find_spec("tornado") is None:
         raise SystemExit("PTB's webhook needs tornado: make .venv/.installed-dev (tornado is in requirements-dev.txt)")
 
+    if args.rounds < 1:
+        parser.error("--rounds: at least 1")
+
     loader = Loader()
     if not loader.wrk:
         print(f"load generator: {loader.describe()}")
     cleanup = Cleanup(keep_logs=args.keep_logs)
-    rows: dict[str, Row] = {}
+    rounds: list[dict[str, Row]] = []
     try:
         sandbox = start_sandbox(cleanup)
-        for system in only:
-            print(f"[{time.strftime('%H:%M:%S')}] {system} ... (load average {os.getloadavg()[0]:.2f})", flush=True)
-            if system == "bare":
-                rows["bare"] = run_bare(cleanup, loader, args.seconds)
-            elif system == "ptb":
-                rows["ptb"] = run_ptb(cleanup, loader, sandbox, args.seconds, args.e2e_seconds)
-            else:
-                rows["dovecote-alone"], rows["dovecote-whole"], rows["dovecote-paid"] = run_dovecote(
-                    cleanup, loader, sandbox, args.seconds, args.e2e_seconds
+        for n in range(args.rounds):
+            rows: dict[str, Row] = {}
+            rounds.append(rows)
+            for system in only:
+                print(
+                    f"[{time.strftime('%H:%M:%S')}] {'' if args.rounds == 1 else f'round {n + 1}: '}{system} ... "
+                    f"(load average {os.getloadavg()[0]:.2f})",
+                    flush=True,
                 )
+                if system == "bare":
+                    rows["bare"] = run_bare(cleanup, loader, args.seconds)
+                elif system == "ptb":
+                    rows["ptb"] = run_ptb(cleanup, loader, sandbox, args.seconds, args.e2e_seconds)
+                else:
+                    rows["dovecote-alone"], rows["dovecote-whole"], rows["dovecote-paid"] = run_dovecote(
+                        cleanup, loader, sandbox, args.seconds, args.e2e_seconds
+                    )
     except KeyboardInterrupt:
         raise
     except BaseException:
@@ -926,7 +965,12 @@ def main() -> None:
         finally:
             signal.signal(signal.SIGINT, previous)
     print(f"[{time.strftime('%H:%M:%S')}] done (load average {os.getloadavg()[0]:.2f})", flush=True)
-    report(rows, loader, args.seconds, args.e2e_seconds)
+    for n, rows in enumerate(rounds):
+        if len(rounds) > 1:
+            print(f"\n=== round {n + 1} of {len(rounds)}")
+        report(rows, loader, args.seconds, args.e2e_seconds)
+    if len(rounds) > 1:
+        report_rounds(rounds)
 
 
 if __name__ == "__main__":
