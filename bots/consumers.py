@@ -145,13 +145,16 @@ def analytics_event(ctx: ConsumerContext) -> AnalyticsEvent:
 
 
 def analytics_batch(ctxs: list[ConsumerContext]) -> list[str]:
-    """The events of several runs in one statement."""
-    rows.insert_many_once([analytics_event(ctx) for ctx in ctxs], unique=("update_id",))
+    """The events of several runs in one statement, committed asynchronously (project/rows.py):
+    written before the runs' done mark, it is lost only with that mark, and the runs write it
+    again."""
+    rows.insert_many_once([analytics_event(ctx) for ctx in ctxs], unique=("update_id",), async_commit=True)
     return ["recorded"] * len(ctxs)
 
 
 @consumer("analytics", max_attempts=3, inline=True, batch=analytics_batch)
 def analytics(ctx: ConsumerContext) -> str:
-    """One event row per update (analytics_event)."""
-    rows.insert_once(analytics_event(ctx), unique=("update_id",))  # a re-run after a crash writes nothing new
+    """One event row per update (analytics_event), committed asynchronously as in
+    `analytics_batch`."""
+    rows.insert_once(analytics_event(ctx), unique=("update_id",), async_commit=True)  # a re-run writes nothing new
     return "recorded"

@@ -90,7 +90,9 @@ def route(updates: list[InboundUpdate], runs: list[ConsumerRun]) -> set[int]:
     PostgreSQL one statement (an UPDATE of the updates still new, and the insert of the runs
     of exactly those; one round trip, no transaction around it), elsewhere one transaction.
     An update another router moved first, or is moving (SKIP LOCKED), is left to it, its runs
-    not written here. Returns the ids of the updates routed here; each run written gets its pk."""
+    not written here. Returns the ids of the updates routed here; each run written gets its pk.
+    Committed asynchronously (project/rows.py): a routing that PostgreSQL loses in a crash
+    leaves the update new, and the sweeper routes it again."""
     if not updates:
         return set()
     now = timezone.now()
@@ -111,6 +113,7 @@ def route(updates: list[InboundUpdate], runs: list[ConsumerRun]) -> set[int]:
             " FROM picked WHERE u.id = picked.id RETURNING u.id",
             mark_params=[ids, UpdateState.NEW, UpdateState.DONE, now],
             of="update_id",
+            async_commit=True,
         )
     with transaction.atomic():
         routed = set(
@@ -190,7 +193,10 @@ def mark_run_done(run_id: int, *, worker: str, outcome: str = "") -> bool:
 
 def mark_runs_done(outcomes: dict[int, str], *, worker: str) -> int:
     """running -> done for the runs this worker holds, each with its outcome ({run id:
-    outcome}), in one statement (the router's inline runs); returns how many."""
+    outcome}), in one statement (the router's inline runs); returns how many. Committed
+    asynchronously (project/rows.py): a done mark lost in a crash of PostgreSQL leaves the
+    run running, and the sweeper runs it again once its lease is over, as after a worker's
+    crash (what the run did is in rows its next run finds: its reply's key, its effects)."""
     if not outcomes:
         return 0
     now = timezone.now()
@@ -206,6 +212,7 @@ def mark_runs_done(outcomes: dict[int, str], *, worker: str) -> int:
             FROM unnest(%s::bigint[], %s::text[]) AS v (id, outcome)
             WHERE r.id = v.id AND r.state = %s AND r.lease_owner = %s""",  # noqa: S608 - as above
         [RunState.DONE, now, now, list(outcomes), [o[:64] for o in outcomes.values()], RunState.RUNNING, worker],
+        async_commit=True,
     )
 
 
@@ -369,7 +376,9 @@ def note_chat_answered(*, bot_id: int, chat_id: int, message_id: int) -> None:
 
 def note_chats_answered(*, bot_id: int, answered: list[tuple[int, int]]) -> None:
     """note_chat_answered for several (chat, message) answers of one bot: on PostgreSQL one
-    statement, each chat's row made or moved forward to the newest message answered."""
+    statement, each chat's row made or moved forward to the newest message answered;
+    committed asynchronously (project/rows.py): it is written before its runs' done mark, so
+    a crash of PostgreSQL that loses it loses that mark too, and the runs write it again."""
     newest: dict[int, int] = {}
     for chat_id, message_id in answered:
         newest[chat_id] = max(message_id, newest.get(chat_id, message_id))
@@ -389,6 +398,7 @@ def note_chats_answered(*, bot_id: int, answered: list[tuple[int, int]]) -> None
                                                       EXCLUDED.last_answered_message_id),
                   last_answered_at = EXCLUDED.last_answered_at, updated_at = EXCLUDED.updated_at""",  # noqa: S608
             [bot_id, now, now, list(newest), list(newest.values())],
+            async_commit=True,
         )
         return
     for chat_id, message_id in newest.items():

@@ -85,13 +85,18 @@ def holding() -> Iterator[Held]:
         _held.reset(token)
 
 
+def holding_now() -> bool:
+    """Whether messages written now are kept back for their writer to send (`holding`)."""
+    return _held.get() is not None
+
+
 def claims_on_write(message: OutboundMessage) -> bool:
     """Whether a message about to be written may be written claimed by this worker
     (transitions.write_claimed: one statement instead of an INSERT and a claim): its writer
     is in a holding block, so it sends the message itself right after the commit, in a
     batch send (`drain_enabled`), and nothing makes it wait (no `send_at`, not a broadcast).
     Whether it is claimed then is the statement's to decide, as a claim would."""
-    return _held.get() is not None and not message.broadcast and message.send_at is None and drain_enabled()
+    return holding_now() and not message.broadcast and message.send_at is None and drain_enabled()
 
 
 def hand_claimed(message: OutboundMessage) -> None:

@@ -237,7 +237,10 @@ def outbound_messages_enqueue(calls: list[dict[str, Any]]) -> list[Enqueued]:
             except IdempotencyConflict as conflict:
                 done.append(Enqueued(conflict.message, created=False, conflict=True))
         return done
-    rows.insert_many_once([call.message for call in prepared], unique=("bot_id", "idempotency_key"))
+    # Asynchronously committed for a worker that sends them itself (a holding block): as
+    # transitions.write_claimed says.
+    messages = [call.message for call in prepared]
+    rows.insert_many_once(messages, unique=("bot_id", "idempotency_key"), async_commit=outbox_dispatch.holding_now())
     taken = [call for call in prepared if call.message.pk is None]
     stored: dict[tuple[int, str], OutboundMessage] = {}
     if taken:

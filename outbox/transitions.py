@@ -87,7 +87,10 @@ def claim_batch(
     earlier one still open in their chat, broadcasts (paced by their own reserved slots) and
     everything while the bot's circuit is not closed (its probe goes one by one). With
     `due_since`, only messages that fell due since then (the rest is the sweeper's ramp).
-    With `ids`, only those messages (a worker sending the ones it has just written)."""
+    With `ids`, only those messages (a worker sending the ones it has just written).
+    Committed asynchronously (project/rows.py): each is sent only after its attempt row's
+    commit, which waits for the disk and so for this claim too; a claim PostgreSQL loses in a
+    crash leaves the message as it was."""
 
     now = timezone.now()
     # The pick is a CTE so that it runs once: as an `id IN (subquery)` PostgreSQL may run it
@@ -117,7 +120,7 @@ def claim_batch(
     params = [bot_id, now, since, *([ids] if ids is not None else []), now, scope]
     params += [limit, worker, now + lease, now, scope]
     messages = []
-    for *values, circuit_dirty in rows_module.fetch(sql, params):
+    for *values, circuit_dirty in rows_module.fetch(sql, params, async_commit=True):
         message = selectors.message_from_row(values)
         # The bot's circuit is closed (else nothing is claimed); with failures counted, a
         # success must reset them.
@@ -134,7 +137,9 @@ def write_claimed(message: OutboundMessage, *, worker: str, lease: timedelta) ->
     statement that writes it. For a worker that sends what it writes (outbox.dispatch.
     claims_on_write). None: the key was taken, nothing was written. True: written claimed,
     its state and lease set on `message`, and `message.circuit_dirty` as a claim sets it.
-    False: written as given (pending), for the drain."""
+    False: written as given (pending), for the drain. Committed asynchronously, as a claim
+    (`claim_batch`): its writer's consumer run is marked done only later, so a crash of
+    PostgreSQL that loses the row loses that mark too, and the run writes it again."""
     now = timezone.now()
     written = rows_module.insert_once_computed(
         message,
@@ -143,6 +148,7 @@ def write_claimed(message: OutboundMessage, *, worker: str, lease: timedelta) ->
         lateral=_written_claimed_goes(),
         returning=_written_claimed_returning(),
         params={"now": now, "scope": circuits.bot_scope(message.bot_id), "worker": worker, "until": now + lease},
+        async_commit=True,
     )
     if written is None:
         return None

@@ -111,29 +111,51 @@ def from_row(model: type[Model], values: tuple[Any, ...]) -> Model:
     return model.from_db(DEFAULT_DB_ALIAS, None, converted)
 
 
-def fetch(sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
+def fetch(sql: str, params: list[Any], *, async_commit: bool = False) -> list[tuple[Any, ...]]:
     """Run one of the hot paths' fixed statements (the claims, the attempt rows, the marks)
     and fetch its rows: its parameters bound server-side and, on a direct connection, the
     statement prepared on its first run in each connection. Planning those CTEs took ~70% of
     PostgreSQL's time per echoed update, ~3x their execution. Behind a transaction pooler
-    (DATABASE_POOLER=transaction) nothing is prepared (see project/settings.py)."""
-    return _execute(connections[DEFAULT_DB_ALIAS], sql, params, prepare=True)[0]
+    (DATABASE_POOLER=transaction) nothing is prepared (see project/settings.py).
+    `async_commit`: see `_execute`."""
+    return _execute(connections[DEFAULT_DB_ALIAS], sql, params, prepare=True, async_commit=async_commit)[0]
 
 
-def execute(sql: str, params: list[Any]) -> int:
+def execute(sql: str, params: list[Any], *, async_commit: bool = False) -> int:
     """`fetch` for a statement without rows: how many rows it changed."""
-    return _execute(connections[DEFAULT_DB_ALIAS], sql, params, prepare=True, rows=False)[1]
+    db = connections[DEFAULT_DB_ALIAS]
+    return _execute(db, sql, params, prepare=True, rows=False, async_commit=async_commit)[1]
+
+
+# Set for the statement's own transaction only (is_local): PostgreSQL reverts it at the commit.
+_ASYNC_COMMIT_SQL = "SELECT set_config('synchronous_commit', 'off', true)"
 
 
 def _execute(
-    db: Any, sql: str, params: list[Any] | dict[str, Any], *, prepare: bool = False, rows: bool = True
+    db: Any,
+    sql: str,
+    params: list[Any] | dict[str, Any],
+    *,
+    prepare: bool = False,
+    rows: bool = True,
+    async_commit: bool = False,
 ) -> tuple[list[tuple[Any, ...]], int]:
     """Run one statement: (its rows, its row count). On PostgreSQL the parameters travel
     beside the statement (psycopg's server-side binding) instead of being quoted into its text
     in Python, which on the webhook cost as much CPU as the rest of the INSERT (a ~1 KB JSON
     literal); `prepare` names the statement (psycopg keeps it per connection; a no-op when
     the connection's prepare_threshold is None). Django's error translation and
-    broken-transaction check still apply."""
+    broken-transaction check still apply.
+
+    `async_commit`: the statement, run on its own (autocommit, outside any atomic block),
+    commits without waiting for its WAL to reach the disk (PostgreSQL's asynchronous commit:
+    0.1 ms instead of 0.2 here, and ~1 ms under the webhook's load of commits). For a write
+    that is redone when lost, before the next synchronous commit: PostgreSQL writes its WAL
+    in order, so a later commit that waits (the attempt row before any request, the webhook's
+    update before its 200) has this one on disk first, and a crash of PostgreSQL can lose
+    only writes that nothing outside has acted on. One round trip still: the setting and the
+    statement go in one pipeline, one implicit transaction. Inside an atomic block the
+    statement commits with the block, as the block's own settings say."""
     if db.vendor != "postgresql":
         with db.cursor() as cursor:
             cursor.execute(sql, params)
@@ -143,7 +165,13 @@ def _execute(
     db.validate_no_broken_transaction()
     started = time.monotonic()
     with db.wrap_database_errors, psycopg.Cursor(db.connection) as cursor:
-        cursor.execute(sql, params, prepare=prepare)
+        if async_commit and db.get_autocommit() and not db.in_atomic_block:
+            with db.connection.pipeline():
+                db.connection.execute(_ASYNC_COMMIT_SQL, prepare=prepare)
+                cursor.execute(sql, params, prepare=prepare)
+            sql = f"{sql} /* async commit */"
+        else:
+            cursor.execute(sql, params, prepare=prepare)
         fetched = cursor.fetchall() if rows else []
         count = cursor.rowcount
     if db.queries_logged:  # as Django's debug cursor: DEBUG's query log, the tests' query counts
@@ -151,13 +179,13 @@ def _execute(
     return fetched, count
 
 
-def insert_once(row: Model, *, unique: tuple[str, ...]) -> bool:
+def insert_once(row: Model, *, unique: tuple[str, ...], async_commit: bool = False) -> bool:
     """Insert `row` unless a row with the same `unique` columns exists. True: inserted, and
-    `row` is saved (its pk set). False: nothing was written."""
+    `row` is saved (its pk set). False: nothing was written. `async_commit`: see `_execute`."""
     model = type(row)
     db = connections[DEFAULT_DB_ALIAS]  # the thread's own wrapper: no proxy lookup per field
     params = [f.get_db_prep_save(f.pre_save(row, True), db) for f in _fields(model)]
-    inserted = _execute(db, _sql(model, unique), params, prepare=True)[0]
+    inserted = _execute(db, _sql(model, unique), params, prepare=True, async_commit=async_commit)[0]
     if not inserted:
         return False
     row.pk = inserted[0][0]
@@ -213,16 +241,17 @@ def _value_plan(model: type[Model]) -> list[tuple[str, Callable[[Any], str] | No
     return plan
 
 
-def insert_many_once(rows: list[Model], *, unique: tuple[str, ...]) -> int:
+def insert_many_once(rows: list[Model], *, unique: tuple[str, ...], async_commit: bool = False) -> int:
     """insert_once for several rows of one model in one statement. Each row inserted gets
     its pk; a row whose `unique` columns were taken keeps pk None. Returns how many were
-    inserted. `unique` names columns (e.g. "update_id")."""
+    inserted. `unique` names columns (e.g. "update_id"); `async_commit`: see `_execute`."""
     if not rows:
         return 0
     model = type(rows[0])
     db = connections[DEFAULT_DB_ALIAS]
     if db.vendor == "postgresql":
-        fetched = _execute(db, _sql_columns(model, unique), [_rows_json(rows)], prepare=True)[0]
+        sql = _sql_columns(model, unique)
+        fetched = _execute(db, sql, [_rows_json(rows)], prepare=True, async_commit=async_commit)[0]
     else:
         values = _column_values(db, rows)
         params = [column[n] for n in range(len(rows)) for column in values]
@@ -238,17 +267,20 @@ def insert_once_computed(
     lateral: str = "",
     returning: str = "",
     params: dict[str, Any] | None = None,
+    async_commit: bool = False,
 ) -> tuple[Any, ...] | None:
     """`insert_once` on PostgreSQL with some columns decided by the statement itself: the
     row's values are `r` (the table's row type, from their JSON), `lateral` a LATERAL
     subquery beside it (as `x`), and `computed` gives {column: SQL over r and x}; `returning`
     adds expressions to the pk. Parameters are named (%(name)s, in `params`; `row` is taken).
     Sets the row's pk; its other fields are the caller's to update from `returning`. Returns
-    (pk, *returning), or None when a row with the same `unique` columns exists."""
+    (pk, *returning), or None when a row with the same `unique` columns exists.
+    `async_commit`: see `_execute`."""
     model = type(row)
     db = connections[DEFAULT_DB_ALIAS]
     sql = _sql_computed(model, unique, tuple(computed.items()), lateral, returning)
-    fetched = _execute(db, sql, {**(params or {}), "row": _rows_json([row])}, prepare=True)[0]
+    values = {**(params or {}), "row": _rows_json([row])}
+    fetched = _execute(db, sql, values, prepare=True, async_commit=async_commit)[0]
     if not fetched:
         return None
     row.pk = fetched[0][0]
@@ -274,18 +306,26 @@ def _sql_computed(
 
 
 def insert_many_with(
-    rows: list[Model], *, unique: tuple[str, ...], mark: str, mark_params: list[Any], of: str
+    rows: list[Model],
+    *,
+    unique: tuple[str, ...],
+    mark: str,
+    mark_params: list[Any],
+    of: str,
+    async_commit: bool = False,
 ) -> set[int]:
     """PostgreSQL: `mark` (an UPDATE … RETURNING id) and the insert of those `rows` whose
     column `of` holds one of the ids it returned, in one statement: the rows of a parent
     that this statement moved on are written with that move, atomically, in one round trip,
     and those of a parent that someone else moved first are not written at all. Returns the
-    ids `mark` returned; each row inserted gets its pk (`insert_many_once`)."""
+    ids `mark` returned; each row inserted gets its pk (`insert_many_once`). `async_commit`:
+    see `_execute`."""
     db = connections[DEFAULT_DB_ALIAS]
     model = type(rows[0]) if rows else None
     if model is None:
-        return {marked for marked, *_ in _execute(db, mark, mark_params, prepare=True)[0]}
-    fetched = _execute(db, _sql_with(model, unique, mark, of), [*mark_params, _rows_json(rows)], prepare=True)[0]
+        return {marked for marked, *_ in _execute(db, mark, mark_params, prepare=True, async_commit=async_commit)[0]}
+    sql, params = _sql_with(model, unique, mark, of), [*mark_params, _rows_json(rows)]
+    fetched = _execute(db, sql, params, prepare=True, async_commit=async_commit)[0]
     _saved(db, rows, unique, [row[1:] for row in fetched if row[1] is not None])
     return {row[0] for row in fetched}
 

@@ -1,8 +1,11 @@
-"""project/rows.py's insert of a row given as values (the webhook's one statement)."""
+"""project/rows.py's insert of a row given as values (the webhook's one statement), and its
+statements committed asynchronously."""
 
 from __future__ import annotations
 
+import psycopg
 import pytest
+from django.db import DataError, connection, transaction
 from django.utils import timezone
 
 from bots.models import InboundUpdate, UpdateState
@@ -66,3 +69,44 @@ def test_rows_inserted_in_one_statement_keep_their_values_and_get_their_pks_and_
     assert stored.next_attempt_at == now
     assert stored.received_at is not None  # auto_now_add, as save() sets it
     assert stored.received_at == first.received_at
+
+
+def _synchronous_commit() -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW synchronous_commit")
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_statement_committed_asynchronously_does_not_wait_for_the_disk_and_leaves_the_session_as_it_was(
+    bot,
+) -> None:
+    setting = "SELECT current_setting('synchronous_commit')"
+
+    assert rows.fetch(setting, [], async_commit=True) == [("off",)]
+
+    assert _synchronous_commit() == "on"  # the next statements wait for the disk again
+    assert rows.fetch(setting, []) == [("on",)]
+    update = InboundUpdate(bot=bot, update_id=7, payload={}, trace_id="t", next_attempt_at=timezone.now())
+    assert rows.insert_many_once([update], unique=("bot_id", "update_id"), async_commit=True) == 1
+    # Committed: another connection sees it at once.
+    db = connection.settings_dict
+    with psycopg.connect(host=db["HOST"], port=db["PORT"] or 5432, user=db["USER"], dbname=db["NAME"]) as other:
+        found = other.execute("SELECT update_id FROM bots_inboundupdate WHERE id = %s", [update.pk]).fetchall()
+    assert found == [(7,)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_inside_an_atomic_block_the_statement_commits_with_the_block_and_as_the_block_says() -> None:
+    with transaction.atomic():
+        assert rows.fetch("SELECT current_setting('synchronous_commit')", [], async_commit=True) == [("on",)]
+        assert _synchronous_commit() == "on"  # the block's own commit still waits for the disk
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failing_statement_committed_asynchronously_raises_as_any_and_the_connection_goes_on() -> None:
+    with pytest.raises(DataError, match="division by zero"):
+        rows.fetch("SELECT 1 / %s", [0], async_commit=True)
+
+    assert rows.fetch("SELECT 2", []) == [(2,)]
+    assert _synchronous_commit() == "on"

@@ -451,3 +451,38 @@ def test_the_same_key_written_twice_in_holding_blocks_is_one_message_sent_once(b
     assert OutboundMessage.objects.filter(bot=fast).count() == 1
     assert OutboundMessage.objects.get(bot=fast).state == State.SENT
     assert sandbox.sent_texts(token=fast.token) == ["once"]
+
+
+def test_an_echo_waits_for_the_disk_only_at_its_attempt_row_and_its_sent_mark(bot_factory, sandbox) -> None:
+    """The routing, the reply's row, the claims, the guard, the event and the done marks
+    commit asynchronously (project/rows.py); the attempt row, whose commit comes before any
+    request and carries every earlier write to the disk with it, and the sent mark do not."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    fast = bot_factory(rate_limit=1000)
+    store(fast, 2301, 1, "alone")  # a lone update: its reply written claimed
+    with CaptureQueriesContext(connection) as lone:
+        assert inbox_updates_route(fast.pk) == 1
+    store(fast, 2302, 2, "a")
+    store(fast, 2303, 3, "b")  # a batch: the replies written waiting, then claimed
+    with CaptureQueriesContext(connection) as batch:
+        assert inbox_updates_route(fast.pk) == 2
+
+    for statements in (lone, batch):
+        writes = [" ".join(q["sql"].split()) for q in statements if not q["sql"].lstrip().startswith("SELECT")]
+        waiting = [w for w in writes if not w.endswith("/* async commit */")]
+        assert len(waiting) == 2, waiting
+        assert "SET attempts = attempts + 1" in waiting[0]  # the attempt row, before the request
+        assert "SET state = 'sent'" in waiting[1]
+        not_waiting = " ".join(w for w in writes if w.endswith("/* async commit */"))
+        assert "UPDATE bots_inboundupdate" in not_waiting  # the routing
+        assert 'INSERT INTO "outbox_outboundmessage"' in not_waiting
+        assert "INSERT INTO bots_chatstate" in not_waiting
+        assert 'INSERT INTO "bots_analyticsevent"' in not_waiting
+        assert "UPDATE bots_consumerrun AS r SET state" in not_waiting  # the done marks
+    batch_claims = [q["sql"] for q in batch if "SET state = 'sending'" in q["sql"]]
+    assert batch_claims
+    assert all(sql.endswith("/* async commit */") for sql in batch_claims)
+    assert sorted(sandbox.sent_texts(token=fast.token)) == ["Echo: a", "Echo: alone", "Echo: b"]
+    assert ConsumerRun.objects.filter(update__bot=fast, state=RunState.DONE).count() == 6
