@@ -149,7 +149,7 @@ def _execute(
 
     `async_commit`: the statement, run on its own (autocommit, outside any atomic block),
     commits without waiting for its WAL to reach the disk (PostgreSQL's asynchronous commit:
-    0.1 ms instead of 0.2 here, and ~1 ms under the webhook's load of commits). For a write
+    0.1 ms, where waiting costs 0.2 ms here idle and ~1 ms under the webhook's commits). For a write
     that is redone when lost, before the next synchronous commit: PostgreSQL writes its WAL
     in order, so a later commit that waits (the attempt row before any request, the webhook's
     update before its 200) has this one on disk first, and a crash of PostgreSQL can lose
