@@ -861,9 +861,8 @@ def report(rows: dict[str, Row], loader: Loader, seconds: float, e2e_seconds: fl
             for total, stages in row.latency.slowest:
                 print(f"  {key}: a slow echo, {total:.1f} ms: " + " / ".join(f"{ms:.1f}" for ms in stages))
     print()
-    for name, value, op, target in checks(rows):
-        met = value >= target if op == ">=" else value <= target
-        print(f"{name:42} {value:8.2f}   target {op} {target:g}: {'met' if met else 'NOT MET'}")
+    for name, value, op, target in target_checks(rows):
+        print(f"{name:42} {value:8.2f}   target {op} {target:g}: {verdict(value, op, target)}")
 
 
 def report_rounds(rounds: list[dict[str, Row]]) -> None:
@@ -872,36 +871,39 @@ def report_rounds(rounds: list[dict[str, Row]]) -> None:
     by_name: dict[str, list[float]] = {}
     targets: dict[str, tuple[str, float]] = {}
     for rows in rounds:
-        for name, value, op, target in checks(rows):
+        for name, value, op, target in target_checks(rows):
             by_name.setdefault(name, []).append(value)
             targets[name] = (op, target)
     print(f"\n=== {len(rounds)} rounds: each round's figure, then their median")
     for name, values in by_name.items():
         op, target = targets[name]
         median = statistics.median(values)
-        met = median >= target if op == ">=" else median <= target
         each = " ".join(f"{v:.2f}" for v in values)
-        print(f"{name:42} {each}  median {median:.2f}   target {op} {target:g}: {'met' if met else 'NOT MET'}")
+        print(f"{name:42} {each}  median {median:.2f}   target {op} {target:g}: {verdict(median, op, target)}")
 
 
-def checks(rows: dict[str, Row]) -> list[tuple[str, float, str, float]]:
+def verdict(value: float, op: str, target: float) -> str:
+    return "met" if (value >= target if op == ">=" else value <= target) else "NOT MET"
+
+
+def target_checks(rows: dict[str, Row]) -> list[tuple[str, float, str, float]]:
     """(what, figure, ">=" or "<=", the issue's target) for the rows this run measured."""
-    checks: list[tuple[str, float, str, float]] = []
+    found: list[tuple[str, float, str, float]] = []
     bare, ptb = rows.get("bare"), rows.get("ptb")
     alone, whole = rows.get("dovecote-alone"), rows.get("dovecote-whole")
     if alone and bare and alone.rate and bare.rate:
-        checks.append(("webhook alone / bare view req/s", alone.rate / bare.rate, ">=", 0.8))
+        found.append(("webhook alone / bare view req/s", alone.rate / bare.rate, ">=", 0.8))
     if whole and ptb and whole.rate and ptb.rate:
-        checks.append(("whole system / PTB req/s", whole.rate / ptb.rate, ">=", 0.5))
+        found.append(("whole system / PTB req/s", whole.rate / ptb.rate, ">=", 0.5))
     if whole and whole.cpu_ms is not None:
-        checks.append(("whole system CPU per echoed update, ms", whole.cpu_ms, "<=", 1.5))
+        found.append(("whole system CPU per echoed update, ms", whole.cpu_ms, "<=", 1.5))
     if whole and whole.latency is not None:
-        checks.append(("e2e p50, ms", whole.latency.p50_ms, "<=", 10.0))
-        checks.append(("e2e p99, ms", whole.latency.p99_ms, "<=", 30.0))
+        found.append(("e2e p50, ms", whole.latency.p50_ms, "<=", 10.0))
+        found.append(("e2e p99, ms", whole.latency.p99_ms, "<=", 30.0))
     paid = rows.get("dovecote-paid")
     if paid and paid.latency is not None:
-        checks.append((f"e2e p99 at {PAID_E2E_RATE}/s, {PAID_RATE_LIMIT}/s bot, ms", paid.latency.p99_ms, "<=", 100.0))
-    return checks
+        found.append((f"e2e p99 at {PAID_E2E_RATE}/s, {PAID_RATE_LIMIT}/s bot, ms", paid.latency.p99_ms, "<=", 100.0))
+    return found
 
 
 # -------------------------------------------------------------------------------- main
