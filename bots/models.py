@@ -109,7 +109,7 @@ class InboundUpdate(models.Model):
     state = models.CharField(max_length=16, choices=UpdateState.choices, default=UpdateState.NEW)
     attempts = models.PositiveIntegerField(default=0)
     next_attempt_at = models.DateTimeField(help_text="When routing is due (again).")
-    trace_id = models.CharField(max_length=64, db_index=True)
+    trace_id = models.CharField(max_length=64)
     last_error = models.TextField(blank=True)
     received_at = models.DateTimeField(auto_now_add=True)
     processed_at = models.DateTimeField(null=True, blank=True)
@@ -133,6 +133,9 @@ class InboundUpdate(models.Model):
             models.Index(fields=["chat_id", "id"], name="inbox_chat_search_idx"),
             # Payload retention: updates whose text is still kept, oldest first.
             models.Index(fields=["received_at"], name="inbox_purge_idx", condition=Q(payload_purged_at__isnull=True)),
+            # Looked up by `=` only: an Index, not db_index, which on PostgreSQL adds a
+            # varchar_pattern_ops twin for LIKE that every write would pay for.
+            models.Index(fields=["trace_id"], name="inbox_trace_idx"),
         ]
 
     def __str__(self) -> str:
@@ -178,7 +181,7 @@ class ConsumerRun(models.Model):
         blank=True,
         help_text="What the consumer reported when it finished, e.g. answered, or coalesced into a later reply.",
     )
-    trace_id = models.CharField(max_length=64, db_index=True)
+    trace_id = models.CharField(max_length=64)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -194,6 +197,7 @@ class ConsumerRun(models.Model):
             models.Index(
                 fields=["update"], name="run_unfinished_idx", condition=Q(state__in=["pending", "running", "retry"])
             ),
+            models.Index(fields=["trace_id"], name="run_trace_idx"),  # `=` only, as inbox_trace_idx
         ]
 
     def __str__(self) -> str:

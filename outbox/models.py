@@ -63,7 +63,7 @@ class OutboundMessage(models.Model):
         help_text="sha256 of the call as first enqueued (method, chat, payload): the same key with another "
         "call is a conflict, not a replay. Empty on rows older than the check.",
     )
-    trace_id = models.CharField(max_length=64, blank=True, db_index=True, help_text="Follows one update end to end.")
+    trace_id = models.CharField(max_length=64, blank=True, help_text="Follows one update end to end.")
     source_update = models.ForeignKey(
         "bots.InboundUpdate",
         null=True,
@@ -129,6 +129,8 @@ class OutboundMessage(models.Model):
                 condition=Q(state__in=["pending", "retry", "sending"]),
             ),
             models.Index(fields=["state", "updated_at"], name="outbox_state_updated_idx"),
+            # Looked up by `=` only (no varchar_pattern_ops twin, as bots' inbox_trace_idx).
+            models.Index(fields=["trace_id"], name="outbox_trace_idx"),
             # The admin's search by chat id (every state, newest first).
             models.Index(fields=["chat_id", "id"], name="outbox_chat_search_idx"),
             # Payload retention: sent messages whose text is still kept, oldest first.

@@ -46,3 +46,37 @@ def drop_indexes_concurrently(indexes: list[tuple[str, str, str]]) -> migrations
             schema_editor.execute(f"CREATE INDEX{how} IF NOT EXISTS {quote(name)} ON {quote(table)} ({quote(column)})")
 
     return migrations.RunPython(drop, create)
+
+
+def plain_index_only(indexes: list[tuple[str, str, str, str]]) -> migrations.RunPython:
+    """For these (table, column, Django's db_index name, new name) text columns: drop the
+    `varchar_pattern_ops` twin that `db_index=True` makes on PostgreSQL (`<name>_like`, for
+    LIKE 'prefix%' lookups), `CONCURRENTLY`, and give the plain index its new name (a
+    `Meta.indexes` entry's). On SQLite there is no twin, and an index cannot be renamed: it is
+    built again under the new name. Backwards, the same undone. The migration must say
+    `atomic = False`."""
+
+    def forwards(apps: Any, schema_editor: Any) -> None:
+        quote = schema_editor.quote_name
+        for table, column, old, new in indexes:
+            if schema_editor.connection.vendor == "postgresql":
+                schema_editor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {quote(old + '_like')}")
+                schema_editor.execute(f"ALTER INDEX IF EXISTS {quote(old)} RENAME TO {quote(new)}")
+            else:
+                schema_editor.execute(f"DROP INDEX IF EXISTS {quote(old)}")
+                schema_editor.execute(f"CREATE INDEX IF NOT EXISTS {quote(new)} ON {quote(table)} ({quote(column)})")
+
+    def backwards(apps: Any, schema_editor: Any) -> None:
+        quote = schema_editor.quote_name
+        for table, column, old, new in indexes:
+            if schema_editor.connection.vendor == "postgresql":
+                schema_editor.execute(f"ALTER INDEX IF EXISTS {quote(new)} RENAME TO {quote(old)}")
+                schema_editor.execute(
+                    f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {quote(old + '_like')}"
+                    f" ON {quote(table)} ({quote(column)} varchar_pattern_ops)"
+                )
+            else:
+                schema_editor.execute(f"DROP INDEX IF EXISTS {quote(new)}")
+                schema_editor.execute(f"CREATE INDEX IF NOT EXISTS {quote(old)} ON {quote(table)} ({quote(column)})")
+
+    return migrations.RunPython(forwards, backwards)
