@@ -99,6 +99,12 @@ def claims_on_write(message: OutboundMessage) -> bool:
     return holding_now() and not message.broadcast and message.send_at is None and drain_enabled()
 
 
+def claims_on_write_all(messages: list[OutboundMessage]) -> bool:
+    """`claims_on_write` for a batch written in one statement (transitions.write_many_claimed):
+    each of them, all of one bot."""
+    return len({m.bot_id for m in messages}) == 1 and all(claims_on_write(m) for m in messages)
+
+
 def hand_claimed(message: OutboundMessage) -> None:
     """A message written claimed, now committed: to the holding block that sends it. When
     its transaction committed after the block had ended (an atomic block around it), it is

@@ -237,10 +237,17 @@ def outbound_messages_enqueue(calls: list[dict[str, Any]]) -> list[Enqueued]:
             except IdempotencyConflict as conflict:
                 done.append(Enqueued(conflict.message, created=False, conflict=True))
         return done
-    # Asynchronously committed for a worker that sends them itself (a holding block): as
-    # transitions.write_claimed says.
     messages = [call.message for call in prepared]
-    rows.insert_many_once(messages, unique=("bot_id", "idempotency_key"), async_commit=outbox_dispatch.holding_now())
+    if outbox_dispatch.claims_on_write_all(messages):
+        # Their writer sends them right after the commit: written claimed, no claim then.
+        lease = timedelta(seconds=settings.DOVECOTE_SEND_LEASE_SECONDS)
+        transitions.write_many_claimed(messages, worker=worker_id(), lease=lease)
+    else:
+        # Asynchronously committed for a worker that sends them itself (a holding block): as
+        # transitions.write_claimed says.
+        rows.insert_many_once(
+            messages, unique=("bot_id", "idempotency_key"), async_commit=outbox_dispatch.holding_now()
+        )
     taken = [call for call in prepared if call.message.pk is None]
     stored: dict[tuple[int, str], OutboundMessage] = {}
     if taken:

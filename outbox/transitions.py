@@ -140,23 +140,49 @@ def write_claimed(message: OutboundMessage, *, worker: str, lease: timedelta) ->
     False: written as given (pending), for the drain. Committed asynchronously, as a claim
     (`claim_batch`): its writer's consumer run is marked done only later, so a crash of
     PostgreSQL that loses the row loses that mark too, and the run writes it again."""
+    return write_many_claimed([message], worker=worker, lease=lease)[0]
+
+
+def write_many_claimed(messages: list[OutboundMessage], *, worker: str, lease: timedelta) -> list[bool | None]:
+    """`write_claimed` for several messages of one bot in one statement, in order (ids follow
+    the list). An ordered message after another ordered one of its chat in the list is
+    written pending: the earlier is still open when this statement decides (it cannot see
+    its own rows), so a claim would have skipped it too."""
+    if not messages:
+        return []
     now = timezone.now()
-    written = rows_module.insert_once_computed(
-        message,
+    seen: set[int] = set()
+    first_in_chat = []
+    for message in messages:
+        first_in_chat.append(not message.ordered or message.chat_id not in seen)
+        if message.ordered:
+            seen.add(message.chat_id)
+    written = rows_module.insert_many_computed(
+        messages,
         unique=("bot_id", "idempotency_key"),
         computed=_WRITTEN_CLAIMED,
         lateral=_written_claimed_goes(),
         returning=_written_claimed_returning(),
-        params={"now": now, "scope": circuits.bot_scope(message.bot_id), "worker": worker, "until": now + lease},
+        params={
+            "now": now,
+            "scope": circuits.bot_scope(messages[0].bot_id),
+            "worker": worker,
+            "until": now + lease,
+            "first_in_chat": first_in_chat,
+        },
         async_commit=True,
     )
-    if written is None:
-        return None
-    _, claimed, circuit_dirty = written
-    if claimed:
-        message.state, message.lease_owner, message.lease_expires_at = State.SENDING, worker, now + lease
-        message.circuit_dirty = circuit_dirty
-    return bool(claimed)
+    outcomes: list[bool | None] = []
+    for message, found in zip(messages, written, strict=True):
+        if found is None:
+            outcomes.append(None)
+            continue
+        _, claimed, circuit_dirty = found
+        if claimed:
+            message.state, message.lease_owner, message.lease_expires_at = State.SENDING, worker, now + lease
+            message.circuit_dirty = circuit_dirty
+        outcomes.append(bool(claimed))
+    return outcomes
 
 
 # write_claimed's columns decided by its statement: `x.go` is whether a claim would take it now.
@@ -169,8 +195,10 @@ _WRITTEN_CLAIMED = {
 
 @cache
 def _written_claimed_goes() -> str:
+    # `first_in_chat`: per row of the statement, whether no earlier ordered row of its chat is in it.
     return f"""SELECT r.state = 'pending' AND r.broadcast = '' AND r.next_attempt_at <= %(now)s
-        AND (r.send_at IS NULL OR r.send_at <= %(now)s) AND NOT {chat_order.blocked_new_sql("r", "%(now)s")}
+        AND (r.send_at IS NULL OR r.send_at <= %(now)s) AND (%(first_in_chat)s::boolean[])[r.ordinality]
+        AND NOT {chat_order.blocked_new_sql("r", "%(now)s")}
         AND NOT {circuits.not_closed_sql("%(scope)s")} AS go"""
 
 

@@ -259,8 +259,8 @@ def insert_many_once(rows: list[Model], *, unique: tuple[str, ...], async_commit
     return _saved(db, rows, unique, fetched)
 
 
-def insert_once_computed(
-    row: Model,
+def insert_many_computed(
+    rows: list[Model],
     *,
     unique: tuple[str, ...],
     computed: dict[str, str],
@@ -268,24 +268,25 @@ def insert_once_computed(
     returning: str = "",
     params: dict[str, Any] | None = None,
     async_commit: bool = False,
-) -> tuple[Any, ...] | None:
-    """`insert_once` on PostgreSQL with some columns decided by the statement itself: the
-    row's values are `r` (the table's row type, from their JSON), `lateral` a LATERAL
-    subquery beside it (as `x`), and `computed` gives {column: SQL over r and x}; `returning`
-    adds expressions to the pk. Parameters are named (%(name)s, in `params`; `row` is taken).
-    Sets the row's pk; its other fields are the caller's to update from `returning`. Returns
-    (pk, *returning), or None when a row with the same `unique` columns exists.
-    `async_commit`: see `_execute`."""
-    model = type(row)
+) -> list[tuple[Any, ...] | None]:
+    """`insert_many_once` on PostgreSQL with some columns decided by the statement itself:
+    each row's values are `r` (the table's row type, from their JSON; `r.ordinality` is its
+    place in `rows` from 1, for a parameter array indexed by row), `lateral` a LATERAL
+    subquery beside it (as `x`), and `computed` gives {column: SQL over r and x};
+    `returning` adds expressions to the pk. Parameters are named (%(name)s, in `params`;
+    `row` is taken). Each row inserted gets its pk; its other fields are the caller's to
+    update from `returning`. Returns, per row in order, (pk, *returning), or None where its
+    `unique` columns were taken. `async_commit`: see `_execute`."""
+    if not rows:
+        return []
+    model = type(rows[0])
     db = connections[DEFAULT_DB_ALIAS]
     sql = _sql_computed(model, unique, tuple(computed.items()), lateral, returning)
-    values = {**(params or {}), "row": _rows_json([row])}
+    values = {**(params or {}), "row": _rows_json(rows)}
     fetched = _execute(db, sql, values, prepare=True, async_commit=async_commit)[0]
-    if not fetched:
-        return None
-    row.pk = fetched[0][0]
-    row._state.adding, row._state.db = False, db.alias
-    return fetched[0]
+    by_key = {tuple(found[1 : 1 + len(unique)]): (found[0], *found[1 + len(unique) :]) for found in fetched}
+    _saved(db, rows, unique, [found[: 1 + len(unique)] for found in fetched])
+    return [by_key.get(_unique_values(db, row, unique)) for row in rows]
 
 
 @cache
@@ -297,11 +298,12 @@ def _sql_computed(
     by_column = dict(computed)
     select = ", ".join(by_column.get(f.column, "r." + qn(f.column)) for f in _fields(model))
     beside = f", LATERAL ({lateral}) x" if lateral else ""
+    keys = ", ".join(qn(c) for c in unique)
     return (
         f"INSERT INTO {table} ({_columns(model)}) SELECT {select}"  # noqa: S608 - names from _meta
-        f" FROM json_populate_recordset(NULL::{table}, %(row)s::json) r{beside}"
-        f" ON CONFLICT ({', '.join(qn(c) for c in unique)}) DO NOTHING"
-        f" RETURNING {qn(model._meta.pk.column)}{', ' + returning if returning else ''}"
+        f" FROM json_populate_recordset(NULL::{table}, %(row)s::json) WITH ORDINALITY r{beside}"
+        f" ON CONFLICT ({keys}) DO NOTHING"
+        f" RETURNING {qn(model._meta.pk.column)}, {keys}{', ' + returning if returning else ''}"
     )
 
 
@@ -345,13 +347,22 @@ def _column_values(db: Any, rows: list[Model]) -> list[list[Any]]:
     return [[f.get_db_prep_save(f.pre_save(row, True), db) for row in rows] for f in _fields(type(rows[0]))]
 
 
+def _unique_values(db: Any, row: Model, unique: tuple[str, ...]) -> tuple[Any, ...]:
+    """The row's `unique` columns as the database returns them."""
+    by_column = _by_column(type(row))
+    return tuple(by_column[c].get_db_prep_save(getattr(row, by_column[c].attname), db) for c in unique)
+
+
+@cache
+def _by_column(model: type[Model]) -> dict[str, Any]:
+    return {f.column: f for f in _fields(model)}
+
+
 def _saved(db: Any, rows: list[Model], unique: tuple[str, ...], fetched: list[tuple[Any, ...]]) -> int:
     """Give each inserted row its pk from (pk, *unique) rows; how many were inserted."""
     inserted = {tuple(values): pk for pk, *values in fetched}
-    by_column = {f.column: f for f in _fields(type(rows[0]))}
     for row in rows:
-        key = tuple(by_column[c].get_db_prep_save(getattr(row, by_column[c].attname), db) for c in unique)
-        pk = inserted.get(key)
+        pk = inserted.get(_unique_values(db, row, unique))
         if pk is not None:
             row.pk = pk
             row._state.adding, row._state.db = False, db.alias

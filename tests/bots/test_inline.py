@@ -373,6 +373,34 @@ def test_a_lone_echos_reply_is_written_claimed_so_no_claim_comes_between_its_row
     assert sandbox.sent_texts(token=fast.token) == ["Echo: alone"]
 
 
+def test_a_batchs_replies_are_written_claimed_in_one_statement_but_a_chats_second_waits_for_its_first(
+    bot_factory, sandbox
+) -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    fast = bot_factory(rate_limit=1000)
+    store(fast, 2251, 1, "a")
+    store(fast, 2252, 2, "b")
+    store(fast, 2251, 3, "a again")  # the same chat: its reply cannot be claimed beside the first
+
+    with CaptureQueriesContext(connection) as statements:
+        assert inbox_updates_route(fast.pk) == 3
+
+    sql = [q["sql"] for q in statements]
+    writes = [s for s in sql if s.startswith('INSERT INTO "outbox_outboundmessage"')]
+    assert len(writes) == 1
+    assert "THEN 'sending'" in writes[0]
+    # The two written claimed needed no claim; the third's claim finds its chat busy.
+    assert len([s for s in sql if "SET state = 'sending'" in s]) <= 1
+    assert sorted(sandbox.sent_texts(token=fast.token)) == ["Echo: a", "Echo: b"]
+    second = OutboundMessage.objects.get(bot=fast, payload__text="Echo: a again")
+    assert (second.state, second.attempts, second.lease_owner) == (State.PENDING, 0, "")
+    sent = OutboundMessage.objects.filter(bot=fast, state=State.SENT)
+    assert sorted(m.attempt_set.count() for m in sent) == [1, 1]
+    assert "outbox.drain_bot" in queued_names()
+
+
 def test_a_reply_to_a_chat_with_an_earlier_message_open_is_written_waiting_and_goes_after_it(
     bot_factory, sandbox
 ) -> None:
@@ -465,7 +493,7 @@ def test_an_echo_waits_for_the_disk_only_at_its_attempt_row_and_its_sent_mark(bo
     with CaptureQueriesContext(connection) as lone:
         assert inbox_updates_route(fast.pk) == 1
     store(fast, 2302, 2, "a")
-    store(fast, 2303, 3, "b")  # a batch: the replies written waiting, then claimed
+    store(fast, 2303, 3, "b")  # a batch: the replies written claimed, in one statement
     with CaptureQueriesContext(connection) as batch:
         assert inbox_updates_route(fast.pk) == 2
 
@@ -481,8 +509,10 @@ def test_an_echo_waits_for_the_disk_only_at_its_attempt_row_and_its_sent_mark(bo
         assert "INSERT INTO bots_chatstate" in not_waiting
         assert 'INSERT INTO "bots_analyticsevent"' in not_waiting
         assert "UPDATE bots_consumerrun AS r SET state" in not_waiting  # the done marks
-    batch_claims = [q["sql"] for q in batch if "SET state = 'sending'" in q["sql"]]
-    assert batch_claims
-    assert all(sql.endswith("/* async commit */") for sql in batch_claims)
+    assert not [q["sql"] for q in batch if "SET state = 'sending'" in q["sql"]]  # no claim statement
+    written = [q["sql"] for q in batch if q["sql"].startswith('INSERT INTO "outbox_outboundmessage"')]
+    assert len(written) == 1
+    assert "THEN 'sending'" in written[0]
+    assert written[0].endswith("/* async commit */")
     assert sorted(sandbox.sent_texts(token=fast.token)) == ["Echo: a", "Echo: alone", "Echo: b"]
     assert ConsumerRun.objects.filter(update__bot=fast, state=RunState.DONE).count() == 6
