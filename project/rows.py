@@ -286,7 +286,7 @@ def insert_many_computed(
     fetched = _execute(db, sql, values, prepare=True, async_commit=async_commit)[0]
     by_key = {tuple(found[1 : 1 + len(unique)]): (found[0], *found[1 + len(unique) :]) for found in fetched}
     _saved(db, rows, unique, [found[: 1 + len(unique)] for found in fetched])
-    return [by_key.get(_unique_values(db, row, unique)) for row in rows]
+    return [by_key.pop(_unique_values(db, row, unique), None) for row in rows]  # first with a key, as _saved
 
 
 @cache
@@ -359,11 +359,14 @@ def _by_column(model: type[Model]) -> dict[str, Any]:
 
 
 def _saved(db: Any, rows: list[Model], unique: tuple[str, ...], fetched: list[tuple[Any, ...]]) -> int:
-    """Give each inserted row its pk from (pk, *unique) rows; how many were inserted."""
+    """Give each inserted row its pk from (pk, *unique) rows; how many were inserted. A row
+    whose key an earlier row of the same statement took was not inserted (ON CONFLICT): only
+    the first row with a key gets its pk."""
     inserted = {tuple(values): pk for pk, *values in fetched}
+    count = len(inserted)
     for row in rows:
-        pk = inserted.get(_unique_values(db, row, unique))
+        pk = inserted.pop(_unique_values(db, row, unique), None)
         if pk is not None:
             row.pk = pk
             row._state.adding, row._state.db = False, db.alias
-    return len(inserted)
+    return count

@@ -481,6 +481,24 @@ def test_the_same_key_written_twice_in_holding_blocks_is_one_message_sent_once(b
     assert sandbox.sent_texts(token=fast.token) == ["once"]
 
 
+def test_the_same_key_twice_in_one_batch_written_claimed_is_one_message_sent_once(bot_factory, sandbox) -> None:
+    from outbox import dispatch
+    from outbox.sending import single
+    from outbox.services import outbound_messages_enqueue
+
+    fast = bot_factory(rate_limit=1000)
+    call = {"bot_id": fast.pk, "chat_id": 2651, "payload": {"text": "once"}, "idempotency_key": "k2"}
+    with dispatch.holding() as held:
+        first, second = outbound_messages_enqueue([call, dict(call)])
+    single.send_held(held)
+
+    assert (first.created, second.created) == (True, False)  # the second is the first's row
+    assert first.message.pk == second.message.pk
+    message = OutboundMessage.objects.get(bot=fast)
+    assert (message.state, message.attempt_set.count()) == (State.SENT, 1)
+    assert sandbox.sent_texts(token=fast.token) == ["once"]
+
+
 def test_an_echo_waits_for_the_disk_only_at_its_attempt_row_and_its_sent_mark(bot_factory, sandbox) -> None:
     """The routing, the reply's row, the claims, the guard, the event and the done marks
     commit asynchronously (project/rows.py); the attempt row, whose commit comes before any
