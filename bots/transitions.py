@@ -53,11 +53,12 @@ def _updates_to_route_pg(
     update_fields = len(InboundUpdate._meta.concrete_fields)
     bot_fields = len(Bot._meta.concrete_fields)
     found = []
+    bot: Bot | None = None  # every row is of one bot, read once by the statement: one instance
     for row in rows.fetch(_updates_to_route_sql(bot_id is not None, bool(circuits)), params):
         update = rows.from_row(InboundUpdate, row[:update_fields])
-        InboundUpdate.bot.field.set_cached_value(
-            update, rows.from_row(Bot, row[update_fields : update_fields + bot_fields])
-        )
+        if bot is None:
+            bot = rows.from_row(Bot, row[update_fields : update_fields + bot_fields])
+        InboundUpdate.bot.field.set_cached_value(update, bot)
         if circuits:
             update.unsettled_circuits = row[-1]
         found.append(update)

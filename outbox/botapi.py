@@ -16,6 +16,7 @@ import atexit
 import concurrent.futures
 import contextlib
 import contextvars
+import functools
 import inspect
 import logging
 import os
@@ -276,14 +277,35 @@ def call(
         return outcome_of_lost_wait(exc)
 
 
-def submit(
-    *, token: str, base_url: str, method: str, params: dict[str, Any], bot_name: str = ""
-) -> concurrent.futures.Future[CallOutcome]:
-    """Start one Bot API call on the process's loop and return at once: the batched drain
-    has several in flight together. The future's result is the classified outcome."""
-    return asyncio.run_coroutine_threadsafe(
-        _call(token, base_url, method, params, None, bot_name), _process_loop.loop()
-    )
+def submit_many(
+    *, token: str, base_url: str, calls: list[tuple[str, dict[str, Any]]], bot_name: str = ""
+) -> list[concurrent.futures.Future[CallOutcome]]:
+    """Start several Bot API calls (method, params) on the process's loop and return at once:
+    the batched drain has them in flight together. One hand-off to the loop starts them all
+    (one wake-up of its thread, where a call each cost a wake-up each). Each future's result
+    is its call's classified outcome."""
+    if not calls:
+        return []
+    loop = _process_loop.loop()
+    futures: list[concurrent.futures.Future[CallOutcome]] = [concurrent.futures.Future() for _ in calls]
+
+    def start() -> None:
+        for (method, params), future in zip(calls, futures, strict=True):
+            if future.set_running_or_notify_cancel():
+                task = loop.create_task(_call(token, base_url, method, params, None, bot_name))
+                task.add_done_callback(functools.partial(_settle_future, future))
+
+    loop.call_soon_threadsafe(start)
+    return futures
+
+
+def _settle_future(future: concurrent.futures.Future[CallOutcome], task: asyncio.Task[CallOutcome]) -> None:
+    if task.cancelled():
+        future.set_exception(concurrent.futures.CancelledError())
+    elif (exc := task.exception()) is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(task.result())
 
 
 def send_timeout() -> float:

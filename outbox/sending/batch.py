@@ -304,17 +304,11 @@ def _send(
             attempts.update(begun)
             ratelimit.leave([entries.pop(m.pk) for m in due if m.pk not in begun and m.pk in entries], sent=False)
             failpoint("before_request")
-            for message in due:
-                if message.pk in begun:
-                    future = botapi.submit(
-                        token=bot.token,
-                        base_url=bot.api_base_url,
-                        method=message.method,
-                        params={"chat_id": message.chat_id, **message.payload},
-                        bot_name=bot.name,
-                    )
-                    futures[future] = message
-                    pending.add(future)
+            going = [message for message in due if message.pk in begun]
+            calls = [(m.method, {"chat_id": m.chat_id, **m.payload}) for m in going]
+            started = botapi.submit_many(token=bot.token, base_url=bot.api_base_url, calls=calls, bot_name=bot.name)
+            futures.update(zip(started, going, strict=True))
+            pending.update(started)
             deadline = time.monotonic() + botapi.send_timeout()
             continue
         next_slot = start + schedule[0][1] if schedule else None

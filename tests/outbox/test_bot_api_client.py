@@ -86,3 +86,21 @@ def test_the_body_is_python_telegram_bots_json_payload_of_the_form_fields_it_wou
 
     assert headers["Content-Type"] == "application/json"
     assert json.loads(body) == request.json_parameters == {"chat_id": "7", "reply_markup": '{"a": [1]}'}
+
+
+def test_calls_submitted_together_each_get_their_own_classified_outcome(bot, sandbox) -> None:
+    # One hand-off to the loop starts them all; each future still answers for its own call.
+    calls = [
+        ("sendMessage", {"chat_id": 5101, "text": "first"}),
+        ("sendMessage", {"chat_id": 5102, "text": ""}),  # the Bot API refuses an empty text
+        ("sendMessage", {"chat_id": 5103, "text": "third"}),
+    ]
+
+    futures = botapi.submit_many(token=bot.token, base_url=bot.api_base_url, calls=calls, bot_name=bot.name)
+    outcomes = [future.result(10) for future in futures]
+
+    assert [o.ok for o in outcomes] == [True, False, True]
+    assert (outcomes[1].error_class, outcomes[1].http_status) == (ErrorClass.PERMANENT, 400)
+    assert [o.result["chat"]["id"] for o in (outcomes[0], outcomes[2])] == [5101, 5103]
+    assert sorted(sandbox.sent_texts(token=bot.token)) == ["first", "third"]
+    assert botapi.submit_many(token=bot.token, base_url=bot.api_base_url, calls=[]) == []
