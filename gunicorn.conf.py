@@ -33,6 +33,14 @@ def on_starting(server: object) -> None:
     load_settings_or_exit()
 
 
+def post_worker_init(worker: object) -> None:
+    """The worker has loaded the app: its startup heap out of the garbage collector's full
+    passes (project/heap.py), which held requests up for tens of milliseconds."""
+    from project.heap import freeze_startup_heap
+
+    freeze_startup_heap()
+
+
 def worker_exit(server: object, worker: object) -> None:
     """A worker exits (in the worker): hand over the routers' wake-ups it still holds, and
     ship its last second of counts (outbox/metrics.py)."""

@@ -3,9 +3,10 @@
 from typing import Any
 
 from celery import Celery
-from celery.signals import task_postrun, task_prerun, worker_process_shutdown
+from celery.signals import task_postrun, task_prerun, worker_process_init, worker_process_shutdown, worker_ready
 
 from project.failclosed import load_settings_or_exit
+from project.heap import freeze_startup_heap
 
 load_settings_or_exit()
 
@@ -25,6 +26,15 @@ def close_old_connections(**kwargs: Any) -> None:
     from django.db import close_old_connections as django_close_old_connections
 
     django_close_old_connections()
+
+
+@worker_ready.connect(dispatch_uid="project.freeze_heap_when_ready")
+@worker_process_init.connect(dispatch_uid="project.freeze_heap_in_child")
+def freeze_heap(**kwargs: Any) -> None:
+    """The worker's startup heap out of the garbage collector's full passes (project/heap.py):
+    in each prefork child once it is set up, and in the main process once it is ready (the
+    solo and threads pools run their tasks there)."""
+    freeze_startup_heap()
 
 
 @worker_process_shutdown.connect(dispatch_uid="project.metrics_ship")
