@@ -34,11 +34,12 @@ def on_starting(server: object) -> None:
 
 
 def post_worker_init(worker: object) -> None:
-    """The worker has loaded the app: its startup heap out of the garbage collector's full
-    passes (project/heap.py), which held requests up for tens of milliseconds."""
-    from project.heap import freeze_startup_heap
+    """The worker has loaded the app: its startup heap out of the garbage collector's passes,
+    which held requests up for tens of milliseconds, and its youngest generation collected
+    less often (project/heap.py)."""
+    from project.heap import tune_garbage_collector
 
-    freeze_startup_heap()
+    tune_garbage_collector()
 
 
 def worker_exit(server: object, worker: object) -> None:

@@ -6,7 +6,7 @@ from celery import Celery
 from celery.signals import task_postrun, task_prerun, worker_process_init, worker_process_shutdown, worker_ready
 
 from project.failclosed import load_settings_or_exit
-from project.heap import freeze_startup_heap
+from project.heap import tune_garbage_collector
 
 load_settings_or_exit()
 
@@ -28,13 +28,14 @@ def close_old_connections(**kwargs: Any) -> None:
     django_close_old_connections()
 
 
-@worker_ready.connect(dispatch_uid="project.freeze_heap_when_ready")
-@worker_process_init.connect(dispatch_uid="project.freeze_heap_in_child")
-def freeze_heap(**kwargs: Any) -> None:
-    """The worker's startup heap out of the garbage collector's full passes (project/heap.py):
-    in each prefork child once it is set up, and in the main process once it is ready (the
-    solo and threads pools run their tasks there)."""
-    freeze_startup_heap()
+@worker_ready.connect(dispatch_uid="project.tune_gc_when_ready")
+@worker_process_init.connect(dispatch_uid="project.tune_gc_in_child")
+def tune_gc(**kwargs: Any) -> None:
+    """The worker's startup heap out of the garbage collector's passes, and its youngest
+    generation collected less often (project/heap.py): in each prefork child once it is set
+    up, and in the main process once it is ready (the solo and threads pools run their tasks
+    there)."""
+    tune_garbage_collector()
 
 
 @worker_process_shutdown.connect(dispatch_uid="project.metrics_ship")
