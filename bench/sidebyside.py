@@ -2,6 +2,7 @@
 bot, one after another, against the same Bot API sandbox (over HTTP) and the same load.
 
     .venv/bin/python bench/sidebyside.py [--seconds 10] [--only bare,ptb,dovecote] [--e2e-seconds 15] [--rounds 1]
+                                         [--no-analyze]
 
 Systems:
 - bare: a Django view that parses the JSON and does one `INSERT … ON CONFLICT DO NOTHING`
@@ -38,6 +39,9 @@ drops its own databases (sbs<pid>_*) and Redis keys (db 14, prefix sbs<pid>_*); 
 it starts runs in its own process group and is stopped by PID, also on Ctrl-C or SIGTERM.
 The machine's 2 cores are shared by the load generator, the sandbox, PostgreSQL and the
 system measured: compare rows within one run, not absolute figures across machines.
+After the warm-up of each throughput run, the system's database is analyzed, as autovacuum
+would have analyzed a deployed bot's tables long before (`--no-analyze` skips it: the
+measured run then executes the plans PostgreSQL prepared for empty tables).
 `--rounds N` runs the whole sequence N times and prints, after each round's table, every
 target's figure in each round and their median: a shared host's speed moves between the
 systems' runs, minutes apart, and the spread of the rounds shows by how much.
@@ -72,6 +76,7 @@ CHATS = 200
 THREADS = 2
 CONNECTIONS = 32
 WARMUP_SECONDS = 2
+ANALYZE_AFTER_WARMUP = True  # --no-analyze: measure with the plans made for empty tables
 E2E_RATE = 20
 # The paid-broadcast run: a bot allowed 1,000 messages/s, 100 updates/s over 1,500 chats.
 PAID_RATE_LIMIT = 1000
@@ -591,6 +596,13 @@ def throughput(
         if not echoes.settle(baseline + target, progress):
             row.notes.append(f"warm-up: only {echoes.count - baseline} of {target} updates echoed")
     time.sleep(0.5)
+    if db is not None and ANALYZE_AFTER_WARMUP:
+        # A deployed bot's tables have statistics (autovacuum analyzes a table once a tenth
+        # of it has changed, looking every minute). This database was created seconds ago and
+        # grows from empty within the run: the plans prepared at its first updates, kept for
+        # each connection's life, would be those for empty tables (sequential scans of the
+        # outbox in every batch of replies). ANALYZE also drops those plans.
+        psql_db(db, "ANALYZE")
     rows_before = stored() if stored is not None else 0
     before = cpu(groups, db)
     echoes_before = echoes.count if echoes is not None else 0
@@ -829,7 +841,8 @@ def report(rows: dict[str, Row], loader: Loader, seconds: float, e2e_seconds: fl
     print()
     print(
         f"load: {loader.describe()}, {seconds:g} s after {WARMUP_SECONDS} s warm-up; {size}-byte message updates "
-        f"over {CHATS} chats, unique update_ids; e2e: {E2E_RATE} updates/s for {e2e_seconds:g} s"
+        f"over {CHATS} chats, unique update_ids; e2e: {E2E_RATE} updates/s for {e2e_seconds:g} s; "
+        + ("databases analyzed after the warm-up" if ANALYZE_AFTER_WARMUP else "databases not analyzed (--no-analyze)")
     )
     print()
     print(f"| system | webhook req/s | CPU per update (ms) | e2e p50 / p99 at {E2E_RATE} updates/s |")
@@ -919,7 +932,14 @@ def main() -> None:
     parser.add_argument(
         "--rounds", type=int, default=1, help="run the whole sequence this many times; print each round and the medians"
     )
+    parser.add_argument(
+        "--no-analyze",
+        action="store_true",
+        help="do not ANALYZE a system's database after the warm-up (its statistics then say empty tables)",
+    )
     args = parser.parse_args()
+    global ANALYZE_AFTER_WARMUP
+    ANALYZE_AFTER_WARMUP = not args.no_analyze
     only = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = set(only) - set(SYSTEMS)
     if unknown:
