@@ -3,12 +3,13 @@ the Bot API sandbox and a Celery worker as subprocesses (stopped by PID, never b
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +72,24 @@ def django_setup(env: dict[str, str]) -> None:
     import django
 
     django.setup()
+
+
+@contextlib.contextmanager
+def database_with_bot(db: str, name: str, token: str) -> Iterator[Any]:
+    """A migrated database of this bench's own with one bot, Django set up on it (the bot is
+    given); its connections closed and the database dropped on the way out."""
+    env = bench_env(db)
+    setup_database(db, env)
+    try:
+        django_setup(env)
+        from bots.models import Bot
+
+        yield Bot.objects.create(name=name, token=token)
+    finally:
+        from django.db import connections
+
+        connections.close_all()
+        drop_database(db)
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:

@@ -69,15 +69,9 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    env = c.bench_env(DB)
-    c.setup_database(DB, env)
-    try:
-        c.django_setup(env)
+    with c.database_with_bot(DB, "row-writes", "700004:row-writes-bench") as bot:
         from django.db import connection
 
-        from bots.models import Bot
-
-        bot = Bot.objects.create(name="row-writes", token="700004:row-writes-bench")
         cursor = connection.cursor()
         pid = connection.connection.info.backend_pid
         results: dict[str, list[list[float]]] = {"with the twins": [], "without (now)": []}
@@ -102,11 +96,6 @@ def main() -> None:
             print(f"| {step} | " + " | ".join(cells) + " |")
         totals = {v: statistics.median(sum(r) for r in runs) for v, runs in results.items()}
         print("median of the four together: " + ", ".join(f"{v} {t:.1f}" for v, t in totals.items()))
-    finally:
-        from django.db import connections
-
-        connections.close_all()
-        c.drop_database(DB)
 
 
 if __name__ == "__main__":

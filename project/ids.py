@@ -1,7 +1,8 @@
-"""Random ids that are unique in practice and need not be secret (trace ids, the rate limit's
-window entries)."""
+"""Ids that are unique in practice and need not be secret: trace ids, which sort by the time
+they were made, and the rate limit's window entries, which are plain random."""
 
 import random
+import time
 
 
 def random_id() -> str:
@@ -9,3 +10,14 @@ def random_id() -> str:
     child (gunicorn's and Celery's), rather than uuid4's read of the OS's random source: a
     system call per id that lets go of the GIL and waits to get it back."""
     return f"{random.getrandbits(128):032x}"
+
+
+def time_ordered_id() -> str:
+    """32 hex digits that sort by the time they were made: the milliseconds since the epoch
+    (12 digits) and then 80 random bits, as a UUIDv7 lays them out. For ids that a B-tree
+    index holds on a table that only grows (the trace ids of updates, consumer runs and
+    messages): a new id goes to the index's right-hand edge, as a serial key does, not to a
+    random leaf. On a table of millions of rows a random leaf is one PostgreSQL must read in
+    and write back, and after each checkpoint write whole into the WAL (bench/trace_ids.py:
+    8.5 against 5.0 KiB of WAL per update on a table of 2 M)."""
+    return f"{time.time_ns() // 1_000_000:012x}{random.getrandbits(80):020x}"

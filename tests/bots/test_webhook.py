@@ -63,6 +63,20 @@ def test_it_stores_an_update_and_answers_200(client: Client, bot) -> None:
     assert len(update.trace_id) == 32
 
 
+def test_trace_ids_sort_in_the_order_the_updates_came(client: Client, bot) -> None:
+    # Time-ordered (project/ids.py): the trace_id indexes of the hot tables grow at one edge,
+    # and an operator's list sorted by trace id is in the order the updates came.
+    for update_id in range(1, 4):
+        assert post(client, bot, message_update(update_id)).status_code == 200
+        time.sleep(0.002)
+
+    traces = list(InboundUpdate.objects.filter(bot=bot).order_by("update_id").values_list("trace_id", flat=True))
+    assert traces == sorted(traces)
+    assert len(set(traces)) == 3
+    made_at_ms = int(traces[-1][:12], 16)
+    assert abs(made_at_ms - time.time() * 1000) < 60_000
+
+
 def test_a_redelivered_update_answers_200_and_is_stored_once(client: Client, bot) -> None:
     first = post(client, bot, message_update(7, "first"))
     again = post(client, bot, message_update(7, "changed on redelivery"))
