@@ -4,7 +4,7 @@ the code can be compared run against run (`--root` points at another checkout).
 
     .venv/bin/python bench/hotpath_cpu.py [--updates 4000] [--batches 30] [--batch-size 50]
                                           [--statements] [--timings] [--limiter]
-                                          [--root DIR] [--profile FILE]
+                                          [--prefill N] [--root DIR] [--profile FILE]
 
 - webhook: the WSGI application called with `--updates` ~1 KB message updates, one at a time
   (the webhook's view, its INSERT, the wake-up thread's Redis calls): CPU per update.
@@ -17,6 +17,10 @@ the code can be compared run against run (`--root` points at another checkout).
   or a chat's second reply waits its second for the drain) and replies are not debounced.
   Before it the webhook phase's updates are routed and answered unmeasured and the database
   is analyzed, as a deployed bot's is (`--no-analyze`: the plans made for empty tables).
+
+`--prefill N`: the tables hold N updates over 5,000 chats (two consumer runs and a sent reply
+each, bench/prefill.py) before the webhook phase, as a deployed bot's do, and each phase
+starts after a CHECKPOINT (PostgreSQL makes one every few minutes).
 
 `--timings`: the median wall-clock time of each of a batch's statements (through
 project/rows.py, where the hot path's statements go) and of the Python before each: where a
@@ -58,8 +62,16 @@ parser.add_argument(
     action="store_true",
     help="skip routing the webhook phase's updates and ANALYZE: the plans made for empty tables",
 )
+parser.add_argument(
+    "--prefill",
+    type=int,
+    default=0,
+    help="updates already stored (bench/prefill.py: 2 runs and a reply each); each phase starts after a CHECKPOINT",
+)
 parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parent.parent, help="the checkout to measure")
 args = parser.parse_args()
+
+import prefill  # noqa: E402 - this checkout's, whichever --root is measured
 
 ROOT = args.root.resolve()
 sys.path.insert(0, str(ROOT / "bench"))
@@ -112,13 +124,25 @@ def backend_cpu() -> Callable[[], int]:
     return lambda: int(schedstat.read_text().split()[0])
 
 
+def checkpoint() -> None:
+    """With --prefill: a phase starts as it would after one of PostgreSQL's checkpoints (every
+    few minutes), when each page an insert touches first is written whole into the WAL."""
+    if args.prefill:
+        from django.db import connection
+
+        with connection.cursor() as cursor:
+            cursor.execute("CHECKPOINT")
+
+
 def measure_webhook(updates: int) -> tuple[float, float]:
     """CPU per update: this process's, and its PostgreSQL backend's."""
     from project.wsgi import application
 
-    bodies = [body(n) for n in range(1, updates + 201)]
+    first = args.prefill + 1  # above the prefilled update ids
+    bodies = [body(n) for n in range(first, first + updates + 200)]
     for b in bodies[:200]:
         call_webhook(application, b)
+    checkpoint()
     pg = backend_cpu()
     started, pg_started = time.process_time(), pg()
     for b in bodies[200:]:
@@ -146,6 +170,7 @@ def measure_router(batches: int) -> tuple[float, float, int, int]:
             pass
         with connection.cursor() as cursor:
             cursor.execute("ANALYZE")
+    checkpoint()
     sent_before = OutboundMessage.objects.filter(state="sent").count()
     first = 10**9  # above the webhook phase's update ids
     spent = wall = 0.0
@@ -230,6 +255,12 @@ def main() -> None:
         add_bot += ["--rate-limit", "1000"] if args.limiter else []
         subprocess.run(add_bot, cwd=ROOT, env=env, check=True, capture_output=True)
         c.django_setup(env)
+        if args.prefill:
+            from django.db import connection
+
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT id FROM bots_bot")
+                print(prefill.deployed_tables(cursor, bot_id=cursor.fetchone()[0], rows=args.prefill))
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
         print(f"{ROOT} at {head.stdout.strip() or '?'}")
         webhook, webhook_pg = measure_webhook(args.updates)
