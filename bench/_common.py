@@ -92,6 +92,13 @@ def database_with_bot(db: str, name: str, token: str) -> Iterator[Any]:
         drop_database(db)
 
 
+def backend_cpu_us(pid: int) -> float:
+    """The CPU a PostgreSQL backend has used so far, in µs, from its /proc/<pid>/schedstat
+    (PostgreSQL must run on this host)."""
+    with open(f"/proc/{pid}/schedstat") as stat:
+        return int(stat.read().split()[0]) / 1e3
+
+
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
     deadline = time.monotonic() + timeout
     while True:

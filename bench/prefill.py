@@ -8,6 +8,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+# A deployed bot's chats: each is one insertion point in the per-chat indexes.
+CHATS = 5000
+
 _STATEMENTS = [
     """INSERT INTO bots_inboundupdate (bot_id, update_id, update_type, chat_id, chat_type, user_id, message_id,
          payload, state, attempts, next_attempt_at, trace_id, last_error, received_at, processed_at)
@@ -35,7 +38,7 @@ _STATEMENTS = [
 ]
 
 
-def deployed_tables(cursor: Any, *, bot_id: int, rows: int, chats: int = 5000) -> str:
+def deployed_tables(cursor: Any, *, bot_id: int, rows: int, chats: int = CHATS) -> str:
     """Fill the empty tables through `cursor` (autocommit); says what it wrote."""
     started = time.monotonic()
     for sql in _STATEMENTS:

@@ -31,10 +31,6 @@ STEPS = ("the update's insert", "the routing mark", "two runs' insert", "their d
 def measure(cursor, pid: int, bot_id: int, batches: int, first: int) -> list[float]:
     """µs of backend CPU per update for each of STEPS."""
 
-    def cpu() -> float:
-        with open(f"/proc/{pid}/schedstat") as stat:
-            return int(stat.read().split()[0]) / 1e3
-
     spent = [0.0] * len(STEPS)
     statements = [
         """INSERT INTO bots_inboundupdate (bot_id, update_id, update_type, chat_id, chat_type, user_id, message_id,
@@ -58,9 +54,9 @@ def measure(cursor, pid: int, bot_id: int, batches: int, first: int) -> list[flo
     for n in range(batches):
         params = {"bot": bot_id, "first": first + n * BATCH, "last": first + n * BATCH + BATCH - 1}
         for i, sql in enumerate(statements):
-            started = cpu()
+            started = c.backend_cpu_us(pid)
             cursor.execute(sql, params)
-            spent[i] += cpu() - started
+            spent[i] += c.backend_cpu_us(pid) - started
     return [s / batches / BATCH for s in spent]
 
 

@@ -27,7 +27,6 @@ import prefill
 
 DB = "dovecote_bench_trace_ids"
 BATCH = 50
-CHATS = 5000
 
 INSERT_UPDATE = """INSERT INTO bots_inboundupdate (bot_id, update_id, update_type, chat_id, chat_type, user_id,
      message_id, payload, state, attempts, next_attempt_at, trace_id, last_error, received_at)
@@ -60,20 +59,16 @@ ROUTE = [
 def measure(cursor, pid: int, bot_id: int, batches: int, first: int, new_id) -> tuple[float, float]:
     """(µs of backend CPU, KiB of WAL) per update, over `batches` batches after a checkpoint."""
 
-    def cpu() -> float:
-        with open(f"/proc/{pid}/schedstat") as stat:
-            return int(stat.read().split()[0]) / 1e3
-
     def wal() -> int:
         cursor.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")
         return int(cursor.fetchone()[0])
 
     cursor.execute("CHECKPOINT")
-    started_cpu, started_wal = cpu(), wal()
+    started_cpu, started_wal = c.backend_cpu_us(pid), wal()
     for n in range(batches):
         ids = []
         for update_id in range(first + n * BATCH, first + (n + 1) * BATCH):
-            chat = 100000 + random.randrange(CHATS)
+            chat = 100000 + random.randrange(prefill.CHATS)
             payload = json.dumps({"update_id": update_id, "message": {"message_id": update_id, "text": "hi" * 300}})
             cursor.execute(INSERT_UPDATE, [bot_id, update_id, chat, chat, update_id, payload, new_id()])
             ids.append(cursor.fetchone()[0])
@@ -82,7 +77,7 @@ def measure(cursor, pid: int, bot_id: int, batches: int, first: int, new_id) -> 
             cursor.execute(sql, {"ids": ids})
         cursor.execute("COMMIT")
     updates = batches * BATCH
-    return (cpu() - started_cpu) / updates, (wal() - started_wal) / updates / 1024
+    return (c.backend_cpu_us(pid) - started_cpu) / updates, (wal() - started_wal) / updates / 1024
 
 
 def main() -> None:
@@ -100,7 +95,7 @@ def main() -> None:
 
         with psycopg.connect(f"postgresql://postgres@127.0.0.1:5432/{DB}", autocommit=True) as conn:
             cursor = conn.cursor()
-            print(prefill.deployed_tables(cursor, bot_id=bot.pk, rows=args.rows, chats=CHATS))
+            print(prefill.deployed_tables(cursor, bot_id=bot.pk, rows=args.rows))
             variants = {"random (before)": random_id, "time-ordered (now)": time_ordered_id}
             results: dict[str, list[tuple[float, float]]] = {name: [] for name in variants}
             first = args.rows + 1
