@@ -131,7 +131,8 @@ def analytics_event(ctx: ConsumerContext) -> AnalyticsEvent:
         latency_ms = max(0, int((update.received_at - happened_at).total_seconds() * 1000))
         if latency_ms > _MAX_LATENCY_MS:
             latency_ms = None
-    return AnalyticsEvent(
+    return rows.new(
+        AnalyticsEvent,
         bot_id=update.bot_id,
         update=update,
         update_type=update.update_type,

@@ -237,7 +237,8 @@ def _route(updates: list[InboundUpdate]) -> tuple[list[InboundUpdate], Routing]:
     worker = worker_id()
     lease_until = now + timedelta(seconds=settings.DOVECOTE_CONSUMER_LEASE_SECONDS)
     runs = {
-        (u.pk, spec.name): ConsumerRun(
+        (u.pk, spec.name): rows.new(
+            ConsumerRun,
             update=u,
             bot_id=u.bot_id,
             consumer=spec.name,

@@ -319,7 +319,7 @@ def _prepared(
         "max_attempts": max_attempts or settings.DOVECOTE_OUTBOX_MAX_ATTEMPTS,
         "next_attempt_at": max(send_at, now) if send_at else now,
     }
-    message = OutboundMessage(bot_id=bot_id, idempotency_key=idempotency_key, **defaults)
+    message = rows.new(OutboundMessage, bot_id=bot_id, idempotency_key=idempotency_key, **defaults)
     return _Call(message, defaults, payloads, fingerprint)
 
 

@@ -232,7 +232,7 @@ def begin_attempts(messages: list[OutboundMessage], *, worker: str) -> dict[int,
     for attempt_id, message_id, number in rows:
         message = by_id[message_id]
         message.attempts = number
-        attempt = Attempt(id=attempt_id, message=message, number=number, worker=worker, started_at=now)
+        attempt = rows_module.new(Attempt, id=attempt_id, message=message, number=number, worker=worker, started_at=now)
         attempt._state.adding = False
         attempts[message_id] = attempt
     return attempts

@@ -3,12 +3,15 @@ statements committed asynchronously."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import psycopg
 import pytest
 from django.db import DataError, connection, transaction
 from django.utils import timezone
 
-from bots.models import InboundUpdate, UpdateState
+from bots.models import ConsumerRun, InboundUpdate, RunState, UpdateState
+from outbox.models import OutboundMessage
 from project import rows
 
 pytestmark = pytest.mark.django_db
@@ -110,3 +113,48 @@ def test_a_failing_statement_committed_asynchronously_raises_as_any_and_the_conn
 
     assert rows.fetch("SELECT 2", []) == [(2,)]
     assert _synchronous_commit() == "on"
+
+
+def _fields(row) -> dict:
+    return {k: v for k, v in vars(row).items() if k != "_state"}
+
+
+def test_a_new_row_is_the_instance_the_models_constructor_makes(bot) -> None:
+    now = timezone.now()
+    update = InboundUpdate(bot=bot, update_id=7, payload={}, trace_id="t", next_attempt_at=now)
+    values = {"update": update, "bot_id": bot.pk, "consumer": "echo", "next_attempt_at": now, "trace_id": "t"}
+
+    made, built = rows.new(ConsumerRun, **values), ConsumerRun(**values)
+
+    assert _fields(made) == _fields(built)
+    assert made.update is update  # cached as the descriptor caches it: no query to read it back
+    assert (made.state, made.attempts, made.max_attempts, made.lease_expires_at) == (RunState.PENDING, 0, 5, None)
+    assert (made._state.adding, made._state.db) == (True, None)
+    # A callable default is called for each row, not shared.
+    first, second = rows.new(OutboundMessage, bot=bot, chat_id=1), rows.new(OutboundMessage, bot=bot, chat_id=1)
+    assert first.payload == {}
+    assert first.payload is not second.payload
+    assert _fields(first) == _fields(OutboundMessage(bot=bot, chat_id=1))
+    update.save()
+    made.save()
+    assert ConsumerRun.objects.get(pk=made.pk).update_id == update.pk
+
+
+def test_what_a_new_row_cannot_take_goes_to_the_models_constructor_and_its_errors() -> None:
+    with pytest.raises(TypeError, match="unexpected keyword arguments: 'no_such_field'"):
+        rows.new(ConsumerRun, consumer="echo", no_such_field=1)
+    assert rows.new(ConsumerRun, update=None).update_id is None
+
+
+def test_times_read_by_the_hot_paths_statements_are_the_aware_utc_times_the_orm_reads(bot) -> None:
+    pk = rows.insert_values_once(InboundUpdate, _values(bot, 8), unique=("bot_id", "update_id"))
+    orm = InboundUpdate.objects.get(pk=pk)
+
+    [(received, next_attempt, processed)] = rows.fetch(
+        "SELECT received_at, next_attempt_at, processed_at FROM bots_inboundupdate WHERE id = %s", [pk]
+    )
+
+    assert (received, next_attempt, processed) == (orm.received_at, orm.next_attempt_at, None)
+    assert received.tzinfo is orm.received_at.tzinfo is UTC
+    [(far,)] = rows.fetch("SELECT '9999-12-31 23:59:59.999999+00'::timestamptz", [])
+    assert far == datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)
