@@ -119,23 +119,27 @@ M = TypeVar("M", bound=Model)
 
 def new(model: type[M], /, **values: Any) -> M:
     """`model(**values)` for the hot paths' new rows, the same instance built without
-    Model.__init__'s descriptor calls and default look-ups per field, which cost 9-30 µs a
-    row (a consumer run's 18 fields, ~30 µs: a router's batch of 50 builds 300 rows):
-    each field's value as given (a foreign key by its attname, or by its name as an instance,
-    then cached on the row as the descriptor caches it) or its default. Anything else
-    Model.__init__ would do differently (a property or an unknown name among the values, a
-    one-to-one field, receivers of pre_init or post_init) takes Model.__init__ itself."""
+    Model.__init__'s descriptor calls and default look-ups per field, which cost 11-26 µs a
+    row against 3-8 (bench/row_build.py; a router's batch of 50 builds 250 rows): each
+    field's value as given (a foreign key by its attname, or by its name as an instance,
+    then cached on the row, and a one-to-one's row on it, as the descriptor caches them) or
+    its default. Anything else Model.__init__ would do differently (a property or an unknown
+    name among the values, a parent link, receivers of pre_init or post_init) takes
+    Model.__init__ itself."""
     plan = _new_plan(model)
     if plan is None or not values.keys() <= plan.names:
         return model(**values)
     row = model.__new__(model)
     state = row._state = ModelState()
     fields = row.__dict__
-    for attname, name, default, target in plan.fields:
-        if target is not None and name in values:
+    for attname, name, default, relation in plan.fields:
+        if relation is not None and name in values:
             related = values[name]
+            target, reverse = relation
             fields[attname] = None if related is None else getattr(related, target)
             state.fields_cache[name] = related
+            if reverse is not None and related is not None:
+                reverse.set_cached_value(related, row)
         elif attname in values:
             fields[attname] = values[attname]
         else:
@@ -145,7 +149,9 @@ def new(model: type[M], /, **values: Any) -> M:
 
 @dataclass(frozen=True)
 class _NewPlan:
-    fields: list[tuple[str, str, Callable[[], Any], str | None]]  # attname, name, default, a FK's target attname
+    # Per concrete field: attname, name, default, and for a relation (its target's attname,
+    # the remote field of a one-to-one, whose cache on the related row is set too).
+    fields: list[tuple[str, str, Callable[[], Any], tuple[str, Any] | None]]
     names: frozenset[str]
 
 
@@ -156,11 +162,13 @@ def _new_plan(model: type[Model]) -> _NewPlan | None:
     fields = []
     names: set[str] = set()
     for f in model._meta.concrete_fields:
-        if f.one_to_one or (f.is_relation and len(f.related_fields) != 1):
-            return None
-        target = f.related_fields[0][1].attname if f.is_relation else None
-        fields.append((f.attname, f.name, f._get_default, target))
-        names |= {f.attname, f.name} if f.is_relation else {f.attname}
+        relation = None
+        if f.is_relation:
+            if f.primary_key or len(f.related_fields) != 1:
+                return None  # a parent link, or a composite key: Model.__init__'s own way
+            relation = (f.related_fields[0][1].attname, None if f.remote_field.multiple else f.remote_field)
+        fields.append((f.attname, f.name, f._get_default, relation))
+        names |= {f.attname, f.name}
     return _NewPlan(fields, frozenset(names))
 
 

@@ -10,7 +10,7 @@ import pytest
 from django.db import DataError, connection, transaction
 from django.utils import timezone
 
-from bots.models import ConsumerRun, InboundUpdate, RunState, UpdateState
+from bots.models import AnalyticsEvent, ConsumerRun, InboundUpdate, RunState, UpdateState
 from outbox.models import OutboundMessage
 from project import rows
 
@@ -135,6 +135,10 @@ def test_a_new_row_is_the_instance_the_models_constructor_makes(bot) -> None:
     assert first.payload == {}
     assert first.payload is not second.payload
     assert _fields(first) == _fields(OutboundMessage(bot=bot, chat_id=1))
+    # A one-to-one's row gets the new row in its cache too, as the descriptor does.
+    event = rows.new(AnalyticsEvent, update=update, bot_id=bot.pk, update_type="message")
+    assert update.analytics_event is event
+    assert _fields(event) == _fields(AnalyticsEvent(update=update, bot_id=bot.pk, update_type="message"))
     update.save()
     made.save()
     assert ConsumerRun.objects.get(pk=made.pk).update_id == update.pk

@@ -1,0 +1,126 @@
+"""The Python CPU of the hot path's rows on the worker's side: building each new row (a
+consumer run, a reply, its attempt, an analytics event) with Model.__init__ against
+project/rows.py's `new`, and reading timestamptz values through a Django cursor against the
+hot path's own statements (`rows.fetch`, psycopg's C loader):
+
+    .venv/bin/python bench/row_build.py [--rows 20000] [--rounds 5]
+
+Prints the best of `--rounds` for each, in µs per row (per value for the timestamps). Needs
+PostgreSQL on 127.0.0.1 (the `postgres` database, read only: nothing is written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from typing import Any
+
+import _common as c
+
+parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+parser.add_argument("--rows", type=int, default=20000, help="rows built (values read) per round")
+parser.add_argument("--rounds", type=int, default=5, help="rounds; the best is printed")
+
+
+def best_us(rounds: int, count: int, work: Callable[[], Any]) -> float:
+    spent = []
+    for _ in range(rounds):
+        started = time.process_time()
+        work()
+        spent.append(time.process_time() - started)
+    return min(spent) / count * 1e6
+
+
+def main() -> None:
+    args = parser.parse_args()
+    c.django_setup(c.bench_env("postgres"))
+    from django.db import connection
+    from django.utils import timezone
+
+    from bots.models import AnalyticsEvent, ConsumerRun, InboundUpdate
+    from outbox.models import Attempt, OutboundMessage
+    from project import rows
+
+    now = timezone.now()
+    update = InboundUpdate(pk=1, bot_id=1, update_id=1, trace_id="0" * 32, received_at=now, next_attempt_at=now)
+    message = OutboundMessage(pk=1, bot_id=1, chat_id=1)
+    # The values the hot path gives each row (bots/services.py _route, outbox/services.py
+    # _prepared, outbox/transitions.py begin_attempts, bots/consumers.py analytics_event).
+    hot_rows: list[tuple[type, dict[str, Any]]] = [
+        (
+            ConsumerRun,
+            {
+                "update": update,
+                "bot_id": 1,
+                "consumer": "auto_reply",
+                "max_attempts": 5,
+                "next_attempt_at": now,
+                "trace_id": update.trace_id,
+                "state": "running",
+                "lease_owner": "worker-1",
+                "lease_expires_at": now,
+                "attempts": 1,
+            },
+        ),
+        (
+            OutboundMessage,
+            {
+                "bot_id": 1,
+                "idempotency_key": "upd:1:auto_reply:0",
+                "request_fingerprint": "f" * 64,
+                "chat_id": 1,
+                "method": "sendMessage",
+                "payload": {"text": "hello"},
+                "trace_id": update.trace_id,
+                "source_update_id": 1,
+                "consumer": "auto_reply",
+                "user_id": 1,
+                "send_at": None,
+                "expires_at": None,
+                "on_ambiguous": "hold",
+                "ordered": True,
+                "max_attempts": 8,
+                "next_attempt_at": now,
+            },
+        ),
+        (Attempt, {"id": 1, "message": message, "number": 1, "worker": "worker-1", "started_at": now}),
+        (
+            AnalyticsEvent,
+            {
+                "bot_id": 1,
+                "update": update,
+                "update_type": "message",
+                "chat_id": 1,
+                "chat_type": "private",
+                "user_id": 1,
+                "message_date": now,
+                "received_at": now,
+                "latency_ms": 1,
+            },
+        ),
+    ]
+    n = args.rows
+    print(f"building a row, µs (best of {args.rounds} rounds of {n:,}):")
+    print("  row               Model.__init__   rows.new   ratio")
+    for model, values in hot_rows:
+        init = best_us(args.rounds, n, lambda model=model, values=values: [model(**values) for _ in range(n)])
+        new = best_us(args.rounds, n, lambda model=model, values=values: [rows.new(model, **values) for _ in range(n)])
+        print(f"  {model.__name__:<16} {init:>14.2f} {new:>10.2f} {new / init:>7.2f}")
+
+    sql = "SELECT now() - g * interval '1 second', now(), now(), now(), now() FROM generate_series(1, %s) g"
+    per = n // 5
+
+    def through_django() -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [per])
+            cursor.fetchall()
+
+    django = best_us(args.rounds, per * 5, through_django)
+    hot = best_us(args.rounds, per * 5, lambda: rows.fetch(sql, [per]))
+    print(f"reading a timestamptz value, µs (best of {args.rounds} rounds of {per * 5:,}, the fetch included):")
+    print(f"  a Django cursor {django:.2f}, rows.fetch {hot:.2f}, ratio {hot / django:.2f}")
+
+
+if __name__ == "__main__":
+    main()
