@@ -1,7 +1,8 @@
-"""The Python CPU of the hot path's rows on the worker's side: building each new row (a
-consumer run, a reply, its attempt, an analytics event) with Model.__init__ against
-project/rows.py's `new`, and reading timestamptz values through a Django cursor against the
-hot path's own statements (`rows.fetch`, psycopg's C loader):
+"""The Python CPU of the hot path's rows on the worker's side: each new row (a consumer run,
+a reply, its attempt, an analytics event) built with Model.__init__ and with project/rows.py's
+`new`; a reply's row made from an enqueue's arguments, its checks included (outbox/services.py
+`_prepared`); and timestamptz values read through a Django cursor and through the hot path's
+own statements (`rows.fetch`, psycopg's C loader):
 
     .venv/bin/python bench/row_build.py [--rows 20000] [--rounds 5]
 
@@ -107,6 +108,21 @@ def main() -> None:
         init = best_us(args.rounds, n, lambda model=model, values=values: [model(**values) for _ in range(n)])
         new = best_us(args.rounds, n, lambda model=model, values=values: [rows.new(model, **values) for _ in range(n)])
         print(f"  {model.__name__:<16} {init:>14.2f} {new:>10.2f} {new / init:>7.2f}")
+
+    from outbox.services import _prepared
+
+    reply = {
+        "bot_id": 1,
+        "chat_id": 1,
+        "payload": {"text": "an echo of a message of some length, " * 5},
+        "idempotency_key": "upd:1:auto_reply:0",
+        "trace_id": update.trace_id,
+        "source_update_id": 1,
+        "consumer": "auto_reply",
+        "user_id": 1,
+    }
+    made = best_us(args.rounds, n, lambda: [_prepared(**reply) for _ in range(n)])
+    print(f"a reply's row made from an enqueue's arguments (checks, split, fingerprint, row), µs: {made:.2f}")
 
     sql = "SELECT now() - g * interval '1 second', now(), now(), now(), now() FROM generate_series(1, %s) g"
     per = n // 5

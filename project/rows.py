@@ -72,13 +72,18 @@ def _rows_json(rows: list[Model]) -> str:
     cost ~0.13 ms per row of a consumer run's 17 columns. An auto_now(_add) field is set as
     save() would set it."""
     fields = _fields(type(rows[0]))
-    dated = [f for f in fields if _set_on_save(f)]
+    dated = _dated(type(rows[0]))
     for row in rows:
         for f in dated:
             f.pre_save(row, True)
     names = [(f.column, f.attname) for f in fields]
     values = [{column: vars(row)[attname] for column, attname in names} for row in rows]
     return json.dumps(values, default=_json_value, allow_nan=False)
+
+
+@cache
+def _dated(model: type[Model]) -> list[Any]:
+    return [f for f in _fields(model) if _set_on_save(f)]
 
 
 def _json_value(value: Any) -> Any:
@@ -237,7 +242,7 @@ def _execute(
     db.validate_no_broken_transaction()
     started = time.monotonic()
     with db.wrap_database_errors, psycopg.Cursor(db.connection) as cursor:
-        if db.timezone is UTC and _TIMESTAMPTZ_C is not None:
+        if rows and db.timezone is UTC and _TIMESTAMPTZ_C is not None:  # ~2 µs: not for a statement without rows
             cursor.adapters.register_loader(_TIMESTAMPTZ_OID, _TIMESTAMPTZ_C)
         if async_commit and db.get_autocommit() and not db.in_atomic_block:
             with db.connection.pipeline():

@@ -86,10 +86,14 @@ def test_a_message_written_before_the_conflict_check_replays_whatever_the_call(b
 @pytest.mark.django_db
 def test_an_idempotency_key_must_be_1_to_255_characters_without_control_characters(bot) -> None:
     # A NUL reached PostgreSQL and came back as a 500 (found by the API's property test).
-    for key in ["", "x" * 256, "\x00", "order\n42"]:
+    for key in ["", "x" * 256, "\x00", "order\n42", "unit\x1fsep", "del\x7f"]:
         with pytest.raises(services.MessageRejected):
             enqueue(bot, key=key)
     assert not OutboundMessage.objects.exists()
+    # The characters just past the control ones are a key's own.
+    for key in ["x" * 255, "space key", "tilde~", "\x80 and \u00a0", "ключ 🔑"]:
+        enqueue(bot, key=key)
+    assert OutboundMessage.objects.count() == 5
 
 
 # --- send_at, expires_at, cancel ---------------------------------------------------------
