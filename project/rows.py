@@ -201,7 +201,7 @@ def execute(sql: str, params: list[Any], *, async_commit: bool = False) -> int:
 _TIMESTAMPTZ_OID = postgres.types["timestamptz"].oid
 _TIMESTAMPTZ_C = psycopg.adapters.get_loader(_TIMESTAMPTZ_OID, pq.Format.TEXT)
 if _TIMESTAMPTZ_C is None or not _TIMESTAMPTZ_C.__module__.startswith("psycopg_"):
-    _TIMESTAMPTZ_C = None  # psycopg's pure Python build: Django's loader is as fast
+    _TIMESTAMPTZ_C = None  # psycopg's pure Python build: nothing faster to swap in
 
 
 # Set for the statement's own transaction only (is_local): PostgreSQL reverts it at the commit.
