@@ -162,3 +162,16 @@ def test_times_read_by_the_hot_paths_statements_are_the_aware_utc_times_the_orm_
     assert received.tzinfo is orm.received_at.tzinfo is UTC
     [(far,)] = rows.fetch("SELECT '9999-12-31 23:59:59.999999+00'::timestamptz", [])
     assert far == datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)
+
+
+def test_lists_bound_to_the_hot_paths_statements_arrive_as_the_arrays_they_are() -> None:
+    ids, flags, texts = [1, None, -(2**63), 2**63 - 1], [True, False], ['a "b", {c}', "d\\e", "NULL", None]
+
+    [row] = rows.fetch(
+        "SELECT %s::bigint[], %s::boolean[], %s::text[], %s::bigint[], cardinality(%s::bigint[])",
+        [ids, flags, texts, [], [7] * 50],
+    )
+
+    assert row == (ids, flags, texts, [], 50)
+    # Compared with = ANY, a list of ids takes the column's type.
+    assert rows.fetch("SELECT 3::bigint = ANY(%s), 4::bigint = ANY(%s)", [[1, 2, 3], [5]]) == [(True, False)]
