@@ -1,8 +1,9 @@
 """The Python CPU of the hot path's rows on the worker's side: each new row (a consumer run,
 a reply, its attempt, an analytics event) built with Model.__init__ and with project/rows.py's
 `new`; a reply's row made from an enqueue's arguments, its checks included (outbox/services.py
-`_prepared`); and timestamptz values read through a Django cursor and through the hot path's
-own statements (`rows.fetch`, psycopg's C loader):
+`_prepared`); timestamptz values read through a Django cursor and through the hot path's
+own statements (`rows.fetch`, psycopg's C loader); and lists of ids and flags bound to a
+statement as psycopg dumps them and as the text `rows._execute` binds instead:
 
     .venv/bin/python bench/row_build.py [--rows 20000] [--rounds 5]
 
@@ -136,6 +137,26 @@ def main() -> None:
     hot = best_us(args.rounds, per * 5, lambda: rows.fetch(sql, [per]))
     print(f"reading a timestamptz value, µs (best of {args.rounds} rounds of {per * 5:,}, the fetch included):")
     print(f"  a Django cursor {django:.2f}, rows.fetch {hot:.2f}, ratio {hot / django:.2f}")
+
+    import psycopg
+
+    print(f"binding lists to a statement, µs per statement (best of {args.rounds} rounds of {n // 10:,}):")
+    print("  lists                      psycopg's   as text   ratio")
+    bind = "SELECT cardinality(%s::bigint[]), cardinality(%s::bigint[]), cardinality(%s::boolean[])"
+    for label, lists in [
+        ("three of 1 (a lone update)", [[10**12], [10**12 + 1], [True]]),
+        ("three of 50 (a batch)", [list(range(10**12, 10**12 + 50))] * 2 + [[True] * 50]),
+    ]:
+
+        def run(params: list[Any]) -> None:
+            with psycopg.Cursor(connection.connection) as cursor:
+                for _ in range(n // 10):
+                    cursor.execute(bind, params, prepare=True)
+                    cursor.fetchall()
+
+        as_lists = best_us(args.rounds, n // 10, lambda lists=lists: run(lists))
+        as_text = best_us(args.rounds, n // 10, lambda lists=lists: run([rows._array_text(v) for v in lists]))
+        print(f"  {label:<26} {as_lists:>9.1f} {as_text:>9.1f} {as_text / as_lists:>7.2f}")
 
 
 if __name__ == "__main__":
