@@ -216,6 +216,7 @@ def _execute(
     prepare: bool = False,
     rows: bool = True,
     async_commit: bool = False,
+    lists_as_text: bool = True,
 ) -> tuple[list[tuple[Any, ...]], int]:
     """Run one statement: (its rows, its row count). On PostgreSQL the parameters travel
     beside the statement (psycopg's server-side binding) instead of being quoted into its text
@@ -232,7 +233,11 @@ def _execute(
     update before its 200) has this one on disk first, and a crash of PostgreSQL can lose
     only writes that nothing outside has acted on. One round trip still: the setting and the
     statement go in one pipeline, one implicit transaction. Inside an atomic block the
-    statement commits with the block, as the block's own settings say."""
+    statement commits with the block, as the block's own settings say.
+
+    `lists_as_text`: lists of ints or bools go as array text (`_array_text`). A single row's
+    insert, whose parameters are field values and never lists, passes False: the webhook's
+    insert need not look at each of them."""
     if db.vendor != "postgresql":
         with db.cursor() as cursor:
             cursor.execute(sql, params)
@@ -241,9 +246,10 @@ def _execute(
     db.ensure_connection()
     db.validate_no_broken_transaction()
     started = time.monotonic()
-    params = (
-        {k: _array_text(v) for k, v in params.items()} if isinstance(params, dict) else list(map(_array_text, params))
-    )
+    if lists_as_text and isinstance(params, dict):
+        params = {k: _array_text(v) for k, v in params.items()}
+    elif lists_as_text:
+        params = [_array_text(v) for v in params]
     with db.wrap_database_errors, psycopg.Cursor(db.connection) as cursor:
         if rows and db.timezone is UTC and _TIMESTAMPTZ_C is not None:  # ~2 µs: not for a statement without rows
             cursor.adapters.register_loader(_TIMESTAMPTZ_OID, _TIMESTAMPTZ_C)
@@ -281,7 +287,8 @@ def insert_once(row: Model, *, unique: tuple[str, ...], async_commit: bool = Fal
     model = type(row)
     db = connections[DEFAULT_DB_ALIAS]  # the thread's own wrapper: no proxy lookup per field
     params = [f.get_db_prep_save(f.pre_save(row, True), db) for f in _fields(model)]
-    inserted = _execute(db, _sql(model, unique), params, prepare=True, async_commit=async_commit)[0]
+    sql = _sql(model, unique)
+    inserted = _execute(db, sql, params, prepare=True, async_commit=async_commit, lists_as_text=False)[0]
     if not inserted:
         return False
     row.pk = inserted[0][0]
@@ -316,7 +323,7 @@ def insert_values_once(model: type[Model], values: dict[str, Any], *, unique: tu
             continue
         value = values[attname]
         params.append(value if encode is None or isinstance(value, JSONText) or value is None else encode(value))
-    inserted = _execute(db, _sql(model, unique), params, prepare=True)[0]
+    inserted = _execute(db, _sql(model, unique), params, prepare=True, lists_as_text=False)[0]
     return inserted[0][0] if inserted else None
 
 
