@@ -40,8 +40,14 @@ class IdempotencyConflict(Exception):
 
 
 def call_fingerprint(method: str, chat_id: int, payload: dict[str, Any]) -> str:
-    """sha256 of a call in a canonical form (key order does not matter)."""
-    canonical = json.dumps([method, chat_id, payload], sort_keys=True, separators=(",", ":"), default=str)
+    """sha256 of a call in a canonical form (key order does not matter). A payload holding
+    NaN or an infinity is refused: JSON has no form for them (PostgreSQL refuses them too)."""
+    try:
+        canonical = json.dumps(
+            [method, chat_id, payload], sort_keys=True, separators=(",", ":"), default=str, allow_nan=False
+        )
+    except ValueError as exc:
+        raise MessageRejected(f"payload: {exc}") from None
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 

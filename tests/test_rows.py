@@ -74,6 +74,38 @@ def test_rows_inserted_in_one_statement_keep_their_values_and_get_their_pks_and_
     assert stored.received_at == first.received_at
 
 
+def test_rows_whose_json_orjson_refuses_are_inserted_as_json_encodes_them(bot) -> None:
+    # Keys that are not strs, an int past 64 bits, a lone surrogate: orjson refuses them
+    # and json encodes them, as before (a lone surrogate is refused by PostgreSQL's jsonb).
+    now = timezone.now()
+    payload = {1: "an int key", "big": 2**70, "nested": [{"n": 1.5}]}
+    update = InboundUpdate(bot=bot, update_id=7, payload=payload, trace_id="a", next_attempt_at=now)
+    lone = InboundUpdate(bot=bot, update_id=8, payload={"text": "\ud800"}, trace_id="b", next_attempt_at=now)
+
+    assert rows.insert_many_once([update], unique=("bot_id", "update_id")) == 1
+    with pytest.raises(DataError), transaction.atomic():
+        rows.insert_many_once([lone], unique=("bot_id", "update_id"))
+
+    assert InboundUpdate.objects.get(pk=update.pk).payload == {"1": "an int key", "big": 2**70, "nested": [{"n": 1.5}]}
+    assert list(InboundUpdate.objects.values_list("update_id", flat=True)) == [7]
+
+
+def test_times_of_any_zone_and_enum_values_go_in_as_the_values_they_are(bot) -> None:
+    from zoneinfo import ZoneInfo
+
+    at = datetime(2026, 7, 1, 2, 30, tzinfo=ZoneInfo("Europe/Berlin"))
+    later = datetime(2026, 12, 7, 12, 0, 0, 123456, tzinfo=ZoneInfo("Asia/Kolkata"))
+    update = InboundUpdate(bot=bot, update_id=9, payload={}, trace_id="a", next_attempt_at=at, received_at=later)
+    update.state = UpdateState.DONE
+
+    rows.insert_many_once([update], unique=("bot_id", "update_id"))
+
+    stored = InboundUpdate.objects.get(pk=update.pk)
+    assert (stored.next_attempt_at, stored.state) == (at, UpdateState.DONE)
+    assert stored.received_at != later  # auto_now_add: set as save() sets it
+    assert stored.received_at == update.received_at
+
+
 def _synchronous_commit() -> str:
     with connection.cursor() as cursor:
         cursor.execute("SHOW synchronous_commit")

@@ -54,6 +54,18 @@ def test_a_refused_call_writes_none_of_them(bot) -> None:
     assert not OutboundMessage.objects.filter(bot=bot).exists()
 
 
+@pytest.mark.parametrize("number", [float("nan"), float("inf"), -float("inf")])
+def test_a_payload_holding_a_number_json_has_no_form_for_is_refused(bot, number: float) -> None:
+    location = {"latitude": number, "longitude": 13.4}
+
+    with pytest.raises(MessageRejected, match="payload: Out of range float"):
+        outbound_messages_enqueue([{**call(bot, "where", ""), "method": "sendLocation", "payload": location}])
+    with pytest.raises(MessageRejected, match="payload: Out of range float"):
+        outbound_message_enqueue(bot_id=bot.pk, chat_id=1, method="sendLocation", payload=location, idempotency_key="w")
+
+    assert not OutboundMessage.objects.filter(bot=bot).exists()
+
+
 def test_a_text_to_split_keeps_its_parts_in_the_lists_order(bot) -> None:
     long_text = "word " * 1000  # ~5,000 characters: two parts
 
