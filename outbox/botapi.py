@@ -166,9 +166,15 @@ class DisallowedApiHost(ValueError):
 def api_host_allowed(url: str) -> bool:
     """Is this Bot API root on an allowed host? DOVECOTE_BOT_API_HOSTS (Telegram's host and
     loopback by default) and the host of TELEGRAM_API_BASE_URL, which the operator set."""
+    return _host_allowed(url, tuple(settings.DOVECOTE_BOT_API_HOSTS), settings.TELEGRAM_API_BASE_URL)
+
+
+@functools.lru_cache(maxsize=256)
+def _host_allowed(url: str, hosts: tuple[str, ...], base_url: str) -> bool:
+    # Asked before every Bot API call (get_bot): worked out once per URL and settings.
     host = (urlsplit(url).hostname or "").lower()
-    allowed = {h.lower().strip("[]") for h in settings.DOVECOTE_BOT_API_HOSTS}
-    allowed.add((urlsplit(settings.TELEGRAM_API_BASE_URL).hostname or "").lower())
+    allowed = {h.lower().strip("[]") for h in hosts}
+    allowed.add((urlsplit(base_url).hostname or "").lower())
     return bool(host) and host in allowed
 
 

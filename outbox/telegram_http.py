@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 import certifi
+import orjson
 from telegram.error import NetworkError, TimedOut
 from telegram.request import BaseRequest, RequestData
 
@@ -123,6 +124,18 @@ class AiohttpRequest(BaseRequest):
             raise TimedOut from exc  # classify() names it (failure_name)
         except aiohttp.ClientError as exc:
             raise NetworkError(f"aiohttp.{type(exc).__name__}: {exc}") from exc
+
+    @staticmethod
+    def parse_json_payload(payload: bytes) -> dict[str, Any]:
+        """The answer's JSON by orjson (python-telegram-bot's documented hook for another JSON
+        library), a third of json's CPU; what orjson refuses (bytes that are not UTF-8, a lone
+        surrogate, a number past a double) goes to python-telegram-bot's own parser, whose
+        result or "Invalid server response" stands. orjson reads an integer past 64 bits as
+        a float: the Bot API's integers fit in 64 bits (its ids in 52)."""
+        try:
+            return orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            return BaseRequest.parse_json_payload(payload)
 
     def _proxy(self, url: str) -> str | None:
         """The proxy from the environment for this URL's host (HTTPS_PROXY, HTTP_PROXY,

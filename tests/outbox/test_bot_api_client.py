@@ -7,7 +7,8 @@ import json
 
 import pytest
 from telegram import InputFile
-from telegram.request import RequestData
+from telegram.error import TelegramError
+from telegram.request import BaseRequest, RequestData
 from telegram.request._requestparameter import RequestParameter
 
 from outbox import botapi, services, telegram_http
@@ -86,6 +87,27 @@ def test_the_body_is_python_telegram_bots_json_payload_of_the_form_fields_it_wou
 
     assert headers["Content-Type"] == "application/json"
     assert json.loads(body) == request.json_parameters == {"chat_id": "7", "reply_markup": '{"a": [1]}'}
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b'{"ok":true,"result":{"message_id":7,"chat":{"id":-1001234567890},"text":"\\ud83d\\ude00 \xd0\x94"}}',
+        b'{"ok":true,"result":true}',
+        b'{"ok":true,"result":{"text":"\xff\xfe not UTF-8"}}',
+        b'{"ok":true,"result":{"text":"a lone \\ud800"}}',
+        b'{"ok":true,"result":{"n":1e400}}',
+        b'{"ok":false,"error_code":429,"parameters":{"retry_after":3}}',
+    ],
+)
+def test_an_answer_is_read_as_python_telegram_bot_reads_it(answer: bytes) -> None:
+    assert telegram_http.AiohttpRequest.parse_json_payload(answer) == BaseRequest.parse_json_payload(answer)
+
+
+@pytest.mark.parametrize("answer", [b"<html>502 Bad Gateway</html>", b"", b'{"ok":true,'])
+def test_an_answer_that_is_not_json_is_python_telegram_bots_invalid_server_response(answer: bytes) -> None:
+    with pytest.raises(TelegramError, match="Invalid server response"):
+        telegram_http.AiohttpRequest.parse_json_payload(answer)
 
 
 def test_calls_submitted_together_each_get_their_own_classified_outcome(bot, sandbox) -> None:
