@@ -37,7 +37,7 @@ from outbox import botapi, circuits, policy, ratelimit, selectors, transitions, 
 from outbox.dispatch import continue_drain, dispatch, drain_key, extra_drain_key, fan_out_drain
 from outbox.failpoints import failpoint, uncommitted
 from outbox.logs import current_trace_id
-from outbox.models import Attempt, Circuit, CircuitState, ErrorClass, OutboundMessage
+from outbox.models import Attempt, CircuitState, ErrorClass, OutboundMessage
 from outbox.sending.rules import cancel_reason, limited_chat_id, record_outcome, with_outcome_write_retries
 from outbox.workers import worker_id
 
@@ -88,7 +88,7 @@ def outbound_messages_drain(bot_id: int, *, batch_size: int | None = None, extra
     wakes no second one; an `extra` drain (fanned out while the bot has room) does not."""
     if extra:
         wakeups.release(extra_drain_key(bot_id))
-    bot = selectors.bot_model().objects.filter(pk=bot_id).first()
+    bot, circuit = selectors.bot_and_circuit(bot_id)
     report = DrainReport()
     if bot is None:
         if not extra:
@@ -99,10 +99,13 @@ def outbound_messages_drain(bot_id: int, *, batch_size: int | None = None, extra
     worker = worker_id()
     started = time.monotonic()
     holds_key = not extra
+    circuit_fresh = True  # read with the bot
     while True:
         if holds_key:
             wakeups.renew(drain_key(bot_id))
-        circuit = Circuit.objects.filter(scope=circuits.bot_scope(bot_id)).first()
+        if not circuit_fresh:
+            circuit = selectors.bot_circuit(bot_id)  # the last batch's outcomes may have moved it
+        circuit_fresh = False
         with uncommitted("before_claim_commit"):
             messages = transitions.claim_batch(
                 bot_id=bot_id,
