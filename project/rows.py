@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import orjson
 import psycopg
 from django.db import DEFAULT_DB_ALIAS, connection, connections
-from django.db.models import JSONField, Model, signals
+from django.db.models import FloatField, JSONField, Model, signals
 from django.db.models.base import ModelState
 from psycopg import postgres, pq
 
@@ -74,30 +74,35 @@ def _rows_json(rows: list[Model]) -> str:
     cost ~0.13 ms per row of a consumer run's 17 columns. An auto_now(_add) field is set as
     save() would set it.
 
-    Encoded by orjson, a quarter of json's CPU for these rows (bench/row_build.py); what it
+    Encoded by orjson, a third of json's CPU for these rows (bench/row_build.py); what it
     refuses (an int past 64 bits, a dict key that is not a str, a lone surrogate, a type it
-    does not know) goes to json as before, whose errors are the ones callers see. A float
-    must be finite: orjson writes NaN as null where json refused it (the outbox refuses a
-    payload holding one at enqueue, outbox/services.py `call_fingerprint`)."""
+    does not know) goes to json as before, whose errors are the ones callers see. orjson
+    writes NaN as null where json refuses it: a model with a float column is encoded by json,
+    and a JSON field's value must hold finite numbers (the outbox refuses a payload holding
+    NaN at enqueue, outbox/services.py `call_fingerprint`)."""
     model = type(rows[0])
     for f in _dated(model):
         for row in rows:
             f.pre_save(row, True)
-    columns, take = _json_plan(model)
+    columns, take, floats = _json_plan(model)
     values = [dict(zip(columns, take(vars(row)), strict=True)) for row in rows]
-    try:
-        return orjson.dumps(values).decode()
-    except orjson.JSONEncodeError:
-        return json.dumps(values, default=_json_value, allow_nan=False)
+    if not floats:
+        try:
+            return orjson.dumps(values).decode()
+        except orjson.JSONEncodeError:
+            pass
+    return json.dumps(values, default=_json_value, allow_nan=False)
 
 
 @cache
-def _json_plan(model: type[Model]) -> tuple[tuple[str, ...], Callable[[dict[str, Any]], tuple[Any, ...]]]:
-    """The model's columns, and a function taking their values from an instance's __dict__."""
+def _json_plan(model: type[Model]) -> tuple[tuple[str, ...], Callable[[dict[str, Any]], tuple[Any, ...]], bool]:
+    """The model's columns, a function taking their values from an instance's __dict__, and
+    whether a column holds floats."""
     fields = _fields(model)
     attnames = [f.attname for f in fields]
     take = itemgetter(*attnames) if len(attnames) > 1 else lambda values: (values[attnames[0]],)
-    return tuple(f.column for f in fields), take
+    floats = any(isinstance(f, FloatField) for f in fields)
+    return tuple(f.column for f in fields), take, floats
 
 
 @cache

@@ -11,7 +11,7 @@ from django.db import DataError, connection, transaction
 from django.utils import timezone
 
 from bots.models import AnalyticsEvent, ConsumerRun, InboundUpdate, RunState, UpdateState
-from outbox.models import OutboundMessage
+from outbox.models import Attempt, OutboundMessage
 from project import rows
 
 pytestmark = pytest.mark.django_db
@@ -88,6 +88,21 @@ def test_rows_whose_json_orjson_refuses_are_inserted_as_json_encodes_them(bot) -
 
     assert InboundUpdate.objects.get(pk=update.pk).payload == {"1": "an int key", "big": 2**70, "nested": [{"n": 1.5}]}
     assert list(InboundUpdate.objects.values_list("update_id", flat=True)) == [7]
+
+
+def test_a_float_column_that_is_not_a_number_is_refused_not_written_as_null(bot) -> None:
+    now = timezone.now()
+    message = OutboundMessage.objects.create(
+        bot=bot, chat_id=1, idempotency_key="k", payload={"text": "x"}, next_attempt_at=now
+    )
+    nan = Attempt(message=message, number=1, started_at=now, retry_after=float("nan"))
+    finite = Attempt(message=message, number=2, started_at=now, retry_after=2.5)
+
+    with pytest.raises(ValueError, match="Out of range float"):
+        rows.insert_many_once([nan], unique=("message_id", "number"))
+    assert rows.insert_many_once([finite], unique=("message_id", "number")) == 1
+
+    assert list(Attempt.objects.values_list("number", "retry_after")) == [(2, 2.5)]
 
 
 def test_times_of_any_zone_and_enum_values_go_in_as_the_values_they_are(bot) -> None:
