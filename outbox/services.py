@@ -39,6 +39,15 @@ class IdempotencyConflict(Exception):
         self.message = message
 
 
+class MessageRejected(ValueError):
+    """The message cannot be accepted as given (bad method, chat or payload). `field` names
+    the offending input, for the API's field errors."""
+
+    def __init__(self, message: str, *, field: str = "payload") -> None:
+        super().__init__(message)
+        self.field = field
+
+
 def call_fingerprint(method: str, chat_id: int, payload: dict[str, Any]) -> str:
     """sha256 of a call in a canonical form (key order does not matter). A payload holding
     NaN or an infinity is refused: JSON has no form for them (PostgreSQL refuses them too)."""
@@ -49,15 +58,6 @@ def call_fingerprint(method: str, chat_id: int, payload: dict[str, Any]) -> str:
     except ValueError as exc:
         raise MessageRejected(f"payload: {exc}") from None
     return hashlib.sha256(canonical.encode()).hexdigest()
-
-
-class MessageRejected(ValueError):
-    """The message cannot be accepted as given (bad method, chat or payload). `field` names
-    the offending input, for the API's field errors."""
-
-    def __init__(self, message: str, *, field: str = "payload") -> None:
-        super().__init__(message)
-        self.field = field
 
 
 def validate_call(method: str, chat_id: Any, payload: Any, *, splittable: bool = False) -> None:
