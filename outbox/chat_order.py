@@ -11,12 +11,20 @@ Every path that chooses what to send next - the drain's claim, the single send, 
 a chat's next message, the sweeper's redispatch, ramp and circuit probe - uses this module,
 so the rule is written here once. It is plain SQL (PostgreSQL and SQLite both run it) with
 one parameter, the current time; `outbox_open_chat_idx` serves its EXISTS.
+
+"Earlier" is a smaller id, and a check sees only committed rows. So every write of an ordered
+message takes its chat's write lock first (`write_lock`, a transaction-level advisory lock):
+a chat's messages are then committed in the order of their ids, and a check never misses an
+earlier message that another worker has written but not yet committed.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
+from typing import Any
 
+from django.db import connection
 from django.db.models import BooleanField, QuerySet
 from django.db.models.expressions import RawSQL
 
@@ -59,3 +67,31 @@ def is_blocked(message: OutboundMessage, *, now: datetime) -> bool:
     """True when an earlier message of the chat must go first (see the module's rule)."""
     rows = OutboundMessage.objects.filter(pk=message.pk).annotate(blocked=blocked_expression(now))
     return bool(rows.values_list("blocked", flat=True).first())
+
+
+# Held until the writer's transaction ends; taken in key order, so two writers of the same
+# chats never wait for each other in a circle.
+_WRITE_LOCK_SQL = "SELECT pg_advisory_xact_lock(k) FROM unnest(%s::bigint[]) AS k"
+_U64 = (1 << 64) - 1
+
+
+def chat_lock_key(bot_id: int, chat_id: int) -> int:
+    """A chat's advisory lock key (a signed 64-bit int, stable across processes): the bot id
+    scattered by a multiplicative hash, mixed with the chat id."""
+    key = ((bot_id * 0x9E3779B97F4A7C15) ^ chat_id) & _U64
+    return key - (1 << 64) if key >= 1 << 63 else key
+
+
+def write_lock(messages: Iterable[OutboundMessage]) -> tuple[str, list[Any]] | None:
+    """The statement that takes the write locks of these messages' chats, to run before their
+    insert in its transaction (project/rows.py `before`), or None when none is ordered."""
+    keys = sorted({chat_lock_key(m.bot_id, m.chat_id) for m in messages if m.ordered and m.chat_id is not None})
+    return (_WRITE_LOCK_SQL, [keys]) if keys else None
+
+
+def lock_chat(*, bot_id: int, chat_id: int) -> None:
+    """Take a chat's write lock in the current transaction (an atomic block that writes its
+    ordered messages through the ORM). SQLite writes one transaction at a time anyway."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(_WRITE_LOCK_SQL, [[chat_lock_key(bot_id, chat_id)]])

@@ -494,6 +494,8 @@ def take_now(bot_id: int, rate: int, chat_ids: list[int | None], *, horizon: flo
     20/min, kept by `limits`)."""
     if not settings.REDIS_URL or not settings.DOVECOTE_RATE_LIMITS_ENABLED:
         return None
+    if not chat_ids:
+        return []  # nothing left to send (another worker claimed the batch first)
     gates: list[tuple[str, int] | None] = []
     for chat_id in chat_ids:
         gate = _chat_gate(parse(chat_limit_for(chat_id)), f"chat:{bot_id}:{chat_id}") if chat_id is not None else None

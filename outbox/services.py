@@ -18,7 +18,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from outbox import botapi, policy, ratelimit, retention, selectors, splitting, transitions
+from outbox import botapi, chat_order, policy, ratelimit, retention, selectors, splitting, transitions
 from outbox import dispatch as outbox_dispatch
 from outbox.dispatch import dispatch, kick_chat
 from outbox.logs import current_trace_id
@@ -209,7 +209,9 @@ def outbound_message_enqueue(
             lease = timedelta(seconds=settings.DOVECOTE_SEND_LEASE_SECONDS)
             created = transitions.write_claimed(message, worker=worker_id(), lease=lease) is not None
         else:
-            created = rows.insert_once(message, unique=("bot_id", "idempotency_key"))
+            created = rows.insert_once(
+                message, unique=("bot_id", "idempotency_key"), before=chat_order.write_lock([message])
+            )
         if not created:
             message = OutboundMessage.objects.get(bot_id=bot_id, idempotency_key=idempotency_key)
         messages.append(message)
@@ -258,7 +260,10 @@ def outbound_messages_enqueue(calls: list[dict[str, Any]]) -> list[Enqueued]:
         # Asynchronously committed for a worker that sends them itself (a holding block): as
         # transitions.write_claimed says.
         rows.insert_many_once(
-            messages, unique=("bot_id", "idempotency_key"), async_commit=outbox_dispatch.holding_now()
+            messages,
+            unique=("bot_id", "idempotency_key"),
+            async_commit=outbox_dispatch.holding_now(),
+            before=chat_order.write_lock(messages),
         )
     taken = [call for call in prepared if call.message.pk is None]
     stored: dict[tuple[int, str], OutboundMessage] = {}
@@ -358,6 +363,7 @@ def _get_or_create_parts(
     transaction (appended to `messages` in send order)."""
     try:
         with transaction.atomic():
+            chat_order.lock_chat(bot_id=bot_id, chat_id=defaults["chat_id"])
             message, created = OutboundMessage.objects.get_or_create(
                 bot_id=bot_id, idempotency_key=idempotency_key, defaults=defaults
             )

@@ -163,6 +163,7 @@ def write_many_claimed(messages: list[OutboundMessage], *, worker: str, lease: t
         computed=_WRITTEN_CLAIMED,
         lateral=_written_claimed_goes(),
         returning=_written_claimed_returning(),
+        before=chat_order.write_lock(messages),
         params={
             "now": now,
             "scope": circuits.bot_scope(messages[0].bot_id),

@@ -228,6 +228,9 @@ if _TIMESTAMPTZ_C is None or not _TIMESTAMPTZ_C.__module__.startswith("psycopg_"
     _TIMESTAMPTZ_C = None  # psycopg's pure Python build: nothing faster to swap in
 
 
+# A statement and its parameters, run before another in its transaction (`_execute`'s `before`).
+Statement = tuple[str, list[Any]]
+
 # Set for the statement's own transaction only (is_local): PostgreSQL reverts it at the commit.
 _ASYNC_COMMIT_SQL = "SELECT set_config('synchronous_commit', 'off', true)"
 
@@ -241,6 +244,7 @@ def _execute(
     rows: bool = True,
     async_commit: bool = False,
     lists_as_text: bool = True,
+    before: Statement | None = None,
 ) -> tuple[list[tuple[Any, ...]], int]:
     """Run one statement: (its rows, its row count). On PostgreSQL the parameters travel
     beside the statement (psycopg's server-side binding) instead of being quoted into its text
@@ -261,7 +265,11 @@ def _execute(
 
     `lists_as_text`: lists of ints or bools go as array text (`_array_text`). A single row's
     insert, whose parameters are field values and never lists, passes False: the webhook's
-    insert need not look at each of them."""
+    insert need not look at each of them.
+
+    `before`: a statement run first in the same transaction and the same round trip (a lock
+    the statement's reads must come after: it gets its own snapshot once the lock is held).
+    PostgreSQL only: SQLite writes one transaction at a time anyway."""
     if db.vendor != "postgresql":
         with db.cursor() as cursor:
             cursor.execute(sql, params)
@@ -277,16 +285,22 @@ def _execute(
     with db.wrap_database_errors, psycopg.Cursor(db.connection) as cursor:
         if rows and db.timezone is UTC and _TIMESTAMPTZ_C is not None:  # ~2 µs: not for a statement without rows
             cursor.adapters.register_loader(_TIMESTAMPTZ_OID, _TIMESTAMPTZ_C)
-        if async_commit and db.get_autocommit() and not db.in_atomic_block:
+        commit_async = async_commit and db.get_autocommit() and not db.in_atomic_block
+        if commit_async or before is not None:
             with db.connection.pipeline():
-                db.connection.execute(_ASYNC_COMMIT_SQL, prepare=prepare)
+                if commit_async:
+                    db.connection.execute(_ASYNC_COMMIT_SQL, prepare=prepare)
+                if before is not None:
+                    db.connection.execute(before[0], [_array_text(v) for v in before[1]], prepare=prepare)
                 cursor.execute(sql, params, prepare=prepare)
-            sql = f"{sql} /* async commit */"
+            sql = f"{sql} /* async commit */" if commit_async else sql
         else:
             cursor.execute(sql, params, prepare=prepare)
         fetched = cursor.fetchall() if rows else []
         count = cursor.rowcount
     if db.queries_logged:  # as Django's debug cursor: DEBUG's query log, the tests' query counts
+        if before is not None:
+            db.queries_log.append({"sql": f"{before[0]} /* before the next */", "time": "0.000"})
         db.queries_log.append({"sql": sql, "time": f"{time.monotonic() - started:.3f}"})
     return fetched, count
 
@@ -305,14 +319,17 @@ def _array_text(value: Any) -> Any:
     return value
 
 
-def insert_once(row: Model, *, unique: tuple[str, ...], async_commit: bool = False) -> bool:
+def insert_once(
+    row: Model, *, unique: tuple[str, ...], async_commit: bool = False, before: Statement | None = None
+) -> bool:
     """Insert `row` unless a row with the same `unique` columns exists. True: inserted, and
-    `row` is saved (its pk set). False: nothing was written. `async_commit`: see `_execute`."""
+    `row` is saved (its pk set). False: nothing was written. `async_commit`, `before`: see
+    `_execute`."""
     model = type(row)
     db = connections[DEFAULT_DB_ALIAS]  # the thread's own wrapper: no proxy lookup per field
     params = [f.get_db_prep_save(f.pre_save(row, True), db) for f in _fields(model)]
     sql = _sql(model, unique)
-    inserted = _execute(db, sql, params, prepare=True, async_commit=async_commit, lists_as_text=False)[0]
+    inserted = _execute(db, sql, params, prepare=True, async_commit=async_commit, lists_as_text=False, before=before)[0]
     if not inserted:
         return False
     row.pk = inserted[0][0]
@@ -368,17 +385,20 @@ def _value_plan(model: type[Model]) -> list[tuple[str, Callable[[Any], str] | No
     return plan
 
 
-def insert_many_once(rows: list[Model], *, unique: tuple[str, ...], async_commit: bool = False) -> int:
+def insert_many_once(
+    rows: list[Model], *, unique: tuple[str, ...], async_commit: bool = False, before: Statement | None = None
+) -> int:
     """insert_once for several rows of one model in one statement. Each row inserted gets
     its pk; a row whose `unique` columns were taken keeps pk None. Returns how many were
-    inserted. `unique` names columns (e.g. "update_id"); `async_commit`: see `_execute`."""
+    inserted. `unique` names columns (e.g. "update_id"); `async_commit`, `before`: see
+    `_execute`."""
     if not rows:
         return 0
     model = type(rows[0])
     db = connections[DEFAULT_DB_ALIAS]
     if db.vendor == "postgresql":
         sql = _sql_columns(model, unique)
-        fetched = _execute(db, sql, [_rows_json(rows)], prepare=True, async_commit=async_commit)[0]
+        fetched = _execute(db, sql, [_rows_json(rows)], prepare=True, async_commit=async_commit, before=before)[0]
     else:
         values = _column_values(db, rows)
         params = [column[n] for n in range(len(rows)) for column in values]
@@ -395,6 +415,7 @@ def insert_many_computed(
     returning: str = "",
     params: dict[str, Any] | None = None,
     async_commit: bool = False,
+    before: Statement | None = None,
 ) -> list[tuple[Any, ...] | None]:
     """`insert_many_once` on PostgreSQL with some columns decided by the statement itself:
     each row's values are `r` (the table's row type, from their JSON; `r.ordinality` is its
@@ -403,14 +424,14 @@ def insert_many_computed(
     `returning` adds expressions to the pk. Parameters are named (%(name)s, in `params`;
     `row` is taken). Each row inserted gets its pk; its other fields are the caller's to
     update from `returning`. Returns, per row in order, (pk, *returning), or None where its
-    `unique` columns were taken. `async_commit`: see `_execute`."""
+    `unique` columns were taken. `async_commit`, `before`: see `_execute`."""
     if not rows:
         return []
     model = type(rows[0])
     db = connections[DEFAULT_DB_ALIAS]
     sql = _sql_computed(model, unique, tuple(computed.items()), lateral, returning)
     values = {**(params or {}), "row": _rows_json(rows)}
-    fetched = _execute(db, sql, values, prepare=True, async_commit=async_commit)[0]
+    fetched = _execute(db, sql, values, prepare=True, async_commit=async_commit, before=before)[0]
     by_key = {tuple(found[1 : 1 + len(unique)]): (found[0], *found[1 + len(unique) :]) for found in fetched}
     _saved(db, rows, unique, [found[: 1 + len(unique)] for found in fetched])
     return [by_key.pop(_unique_values(db, row, unique), None) for row in rows]  # first with a key, as _saved

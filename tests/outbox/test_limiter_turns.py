@@ -108,3 +108,24 @@ def test_an_inline_reply_takes_its_turn_and_leaves_the_window_in_two_limiter_cal
     # Four replies: one turn for the lot and one leave per gathered set of answers (at most
     # four), where the calls one by one made a reservation and four takes (and a chat lookup).
     assert 2 <= calls <= 5
+
+
+def test_an_inline_send_whose_messages_another_worker_claimed_first_leaves_them_without_an_error(
+    bot, caplog: pytest.LogCaptureFixture
+) -> None:
+    from datetime import timedelta
+
+    from outbox import transitions
+    from outbox.sending.batch import outbound_messages_send_now
+    from outbox.services import outbound_message_enqueue
+
+    message, _ = outbound_message_enqueue(bot_id=bot.pk, chat_id=61, payload={"text": "hi"}, idempotency_key="k61")
+    assert transitions.claim(message.pk, worker="the-other-worker", lease=timedelta(seconds=60))
+
+    # Nothing of the batch is left to claim: no turn to take, nothing sent, nothing raised.
+    assert ratelimit.take_now(bot.pk, 30, [], horizon=0.05) == []
+    with caplog.at_level("ERROR"):
+        outbound_messages_send_now(bot.pk, [message.pk])
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
+    message.refresh_from_db()
+    assert (message.state, message.lease_owner, message.attempts) == (State.SENDING, "the-other-worker", 0)
