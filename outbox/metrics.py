@@ -27,7 +27,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -315,6 +315,36 @@ os.register_at_fork(
 )
 atexit.register(ship)
 _start_shipping()
+
+
+def prune_bots(existing: Callable[[], Collection[str]]) -> int:
+    """Remove from the shared totals the series labelled with a bot that is gone: deleted,
+    or renamed (its old name), as Prometheus users expect of a target's label that no longer
+    exists. `existing` names the bots there are; it is asked after the series are read, so a
+    series of a bot created meanwhile still finds its bot. Returns the number of series
+    removed (0 without Redis, or when it does not answer: the next sweep tries again).
+
+    A process still counting under the old name (a send in flight at the rename) adds its
+    series back with that change alone, and the next prune removes it."""
+    from django.conf import settings
+
+    if not settings.REDIS_URL:
+        return 0
+    import redis
+
+    try:
+        client = SHIPPER.redis()
+        key = _shared_key()
+        fields = client.hkeys(key)
+        # bot="" is the webhook's unknown or refused name, not a bot that went away.
+        kept = {"", *existing()}
+        gone = [field for field in fields if json.loads(field)[2].get("bot", "") not in kept]
+        if gone:
+            client.hdel(key, *gone)
+    except (redis.RedisError, OSError) as exc:
+        logger.warning("metrics of deleted or renamed bots not pruned: Redis does not answer (%s)", exc)
+        return 0
+    return len(gone)
 
 
 class SharedCounts(Collector):

@@ -23,6 +23,7 @@ from outbox import metrics
 from outbox.models import OutboundMessage, State
 from outbox.sending.single import outbound_message_send
 from outbox.services import outbound_message_enqueue
+from reconciliation.sweeper import sweep
 from tests.bots.test_webhook import SECRET_HEADER, message_update
 from tests.conftest import make_bot
 from tests.reconciliation.test_cases import lost_answer
@@ -329,6 +330,48 @@ def _scrape() -> tuple[int, str]:
         response = Client().get("/metrics", headers=METRICS_AUTH)
     assert response.status_code == 200
     return len(queries), response.content.decode()
+
+
+def test_a_deleted_or_renamed_bots_counters_leave_metrics_after_a_sweep_and_the_others_stay(
+    client: Client, bot_factory, sandbox
+) -> None:
+    """Counters of a bot that is gone (deleted), or gone from its old name (renamed), leave
+    /metrics at the next sweep; those of the bots that are there, and the unknown-name
+    refusals (bot=""), stay."""
+    alice, bob, carol = bot_factory(), bot_factory(), bot_factory()
+    for who in (alice, bob, carol):
+        message, _ = outbound_message_enqueue(bot_id=who.pk, chat_id=5, payload={"text": "x"}, idempotency_key="p1")
+        assert outbound_message_send(message.pk).status == "sent"
+    assert client.post("/webhooks/telegram/nobody/", data="{}", content_type="application/json").status_code == 404
+    bob_was, carol_was = bob.name, carol.name
+    bob.name = f"{bob_was}-renamed"
+    bob.save(update_fields=["name"])
+    # A bot is deleted once its rows are (the outbox protects them): retention, then an operator.
+    OutboundMessage.objects.filter(bot=carol).delete()
+    carol.delete()
+    _, before = _scrape()
+
+    report = sweep()
+
+    _, after = _scrape()
+    sends = 'dovecote_sends_total{{bot="{}",method="sendMessage",outcome="ok"}}'
+    assert (scraped(before, sends.format(bob_was)), scraped(before, sends.format(carol_was))) == (1, 1)
+    assert f'bot="{bob_was}"' not in after
+    assert f'bot="{carol_was}"' not in after
+    assert scraped(after, sends.format(alice.name)) == 1
+    assert scraped(after, 'dovecote_updates_received_total{bot="",outcome="refused"}') == 1
+    # sends ok, transient of each: the two bots' started and counted series.
+    assert report["metric_series_pruned"] == 4
+
+
+def test_the_prune_leaves_the_series_when_redis_does_not_answer(bot) -> None:
+    import redis
+
+    metrics.SHIPPER.client = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)  # nothing listens
+    try:
+        assert metrics.prune_bots(lambda: {bot.name}) == 0
+    finally:
+        metrics.SHIPPER.client = None
 
 
 def test_a_scrape_costs_seven_queries_whatever_the_number_of_bots(bot, sandbox) -> None:
