@@ -293,14 +293,14 @@ def _execute(
                 if before is not None:
                     db.connection.execute(before[0], [_array_text(v) for v in before[1]], prepare=prepare)
                 cursor.execute(sql, params, prepare=prepare)
+            # One round trip: one entry in the query log, the statement first.
+            sql = f"{sql} /* after {before[0]} */" if before is not None else sql
             sql = f"{sql} /* async commit */" if commit_async else sql
         else:
             cursor.execute(sql, params, prepare=prepare)
         fetched = cursor.fetchall() if rows else []
         count = cursor.rowcount
     if db.queries_logged:  # as Django's debug cursor: DEBUG's query log, the tests' query counts
-        if before is not None:
-            db.queries_log.append({"sql": f"{before[0]} /* before the next */", "time": "0.000"})
         db.queries_log.append({"sql": sql, "time": f"{time.monotonic() - started:.3f}"})
     return fetched, count
 
