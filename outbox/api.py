@@ -210,6 +210,8 @@ class BroadcastCreateView(APIView):
                 )
             except services.MessageRejected as exc:
                 return _rejected(exc)
+            except services.IdempotencyConflict:
+                return _key_reused()
             body = {
                 "broadcast": broadcast_key,
                 "bot": data["bot"].name,

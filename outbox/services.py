@@ -60,6 +60,12 @@ def call_fingerprint(method: str, chat_id: int, payload: dict[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+def _another_call(stored: str, fingerprint: str) -> bool:
+    """Whether a message stored under a key was stored for another call than `fingerprint`'s:
+    the key's reuse is then a conflict, not a replay. Rows older than the check have none."""
+    return bool(stored) and stored != fingerprint
+
+
 def validate_call(method: str, chat_id: Any, payload: Any, *, splittable: bool = False) -> None:
     """Refuse what Telegram certainly would (lengths as Telegram counts them: UTF-16 units
     after entity parsing). `splittable`: an over-long sendMessage is split by the caller."""
@@ -217,7 +223,7 @@ def outbound_message_enqueue(
         messages.append(message)
     else:
         message, created = _get_or_create_parts(bot_id, idempotency_key, call.defaults, call.payloads, messages)
-    if not created and message.request_fingerprint and message.request_fingerprint != call.fingerprint:
+    if not created and _another_call(message.request_fingerprint, call.fingerprint):
         raise IdempotencyConflict(message)
     if created:
         _dispatch_on_commit(messages)
@@ -278,7 +284,7 @@ def outbound_messages_enqueue(calls: list[dict[str, Any]]) -> list[Enqueued]:
             enqueued.append(Enqueued(call.message, created=True, conflict=False))
             continue
         message = stored[(call.message.bot_id, call.message.idempotency_key)]
-        conflict = bool(message.request_fingerprint) and message.request_fingerprint != call.fingerprint
+        conflict = _another_call(message.request_fingerprint, call.fingerprint)
         enqueued.append(Enqueued(message, created=False, conflict=conflict))
     _dispatch_on_commit([e.message for e in enqueued if e.created])
     return enqueued
@@ -497,22 +503,21 @@ def broadcast_enqueue(
     """One payload to many chats: one unordered outbox message per chat, keyed by the
     broadcast key and the chat, drained within the bot's rate limits on the bulk queue.
 
-    Calling it again with the same key creates nothing new and dispatches nothing again.
+    Calling it again with the same key creates nothing new and dispatches nothing again
+    (but the messages of chats it adds); with another payload or method it raises
+    IdempotencyConflict and writes nothing, as `outbound_message_enqueue` does.
     """
     if not chat_ids:
         raise MessageRejected("chat_ids must not be empty", field="chat_ids")
-    unique_chats = list(dict.fromkeys(chat_ids))
-    for chat_id in unique_chats:
+    fingerprints: dict[int, str] = {}
+    for chat_id in dict.fromkeys(chat_ids):
         validate_call(method, chat_id, payload)
+        fingerprints[chat_id] = call_fingerprint(method, chat_id, payload)
     _validate_options(idempotency_key=broadcast_key, send_at=send_at, expires_at=expires_at, on_ambiguous=on_ambiguous)
     now = timezone.now()
-    keys = {broadcast_message_key(broadcast_key, chat_id): chat_id for chat_id in unique_chats}
+    keys = {broadcast_message_key(broadcast_key, chat_id): chat_id for chat_id in fingerprints}
     with transaction.atomic():
-        existing = set(
-            OutboundMessage.objects.filter(bot_id=bot_id, idempotency_key__in=list(keys)).values_list(
-                "idempotency_key", flat=True
-            )
-        )
+        existing = _broadcast_stored(bot_id, keys, fingerprints)
         rows = [
             OutboundMessage(
                 bot_id=bot_id,
@@ -520,6 +525,7 @@ def broadcast_enqueue(
                 method=method,
                 payload=payload,
                 idempotency_key=key,
+                request_fingerprint=fingerprints[chat_id],
                 broadcast=broadcast_key,
                 trace_id=trace_id or current_trace_id.get(),
                 send_at=send_at,
@@ -538,13 +544,10 @@ def broadcast_enqueue(
             # Due at its slot, in the row too (as a deferred send's is), so that the sweeper
             # does not take it for lost meanwhile.
             row.next_attempt_at = now + timedelta(seconds=delay)
-        # A concurrent call with the same key may insert some first: theirs stand.
+        # A concurrent call with the same key may insert some first: theirs stand, or, when
+        # they were another call, this one is rolled back whole.
         OutboundMessage.objects.bulk_create(rows, batch_size=1000, ignore_conflicts=True)
-        ids = dict(
-            OutboundMessage.objects.filter(bot_id=bot_id, idempotency_key__in=list(keys)).values_list(
-                "idempotency_key", "id"
-            )
-        )
+        ids = _broadcast_stored(bot_id, keys, fingerprints)
         new_ids = [ids[row.idempotency_key] for row in rows if row.idempotency_key in ids]
         reserved = {
             ids[row.idempotency_key]: d for row, d in zip(rows, slots, strict=False) if row.idempotency_key in ids
@@ -563,6 +566,21 @@ def broadcast_enqueue(
 
         transaction.on_commit(publish_all)
     return BroadcastResult(message_ids=[ids[k] for k in keys if k in ids], created=len(rows))
+
+
+def _broadcast_stored(bot_id: int, keys: dict[str, int], fingerprints: dict[int, str]) -> dict[str, int]:
+    """The ids of a broadcast's messages stored so far, by key (`keys`: key -> chat). Raises
+    IdempotencyConflict when one was stored for another call: a broadcast key reused with
+    another payload or method must not send some chats the first and others the second."""
+    stored = OutboundMessage.objects.filter(bot_id=bot_id, idempotency_key__in=list(keys)).values_list(
+        "idempotency_key", "id", "request_fingerprint"
+    )
+    ids = {}
+    for key, pk, fingerprint in stored:
+        if _another_call(fingerprint, fingerprints[keys[key]]):
+            raise IdempotencyConflict(OutboundMessage.objects.get(pk=pk))
+        ids[key] = pk
+    return ids
 
 
 def _broadcast_slots(*, bot_id: int, method: str, send_at: datetime | None, n: int) -> list[float]:
