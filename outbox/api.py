@@ -2,7 +2,8 @@
 
 POST /api/v1/messages/ and /api/v1/broadcasts/ require an Idempotency-Key header: 201 new,
 200 replay of the first answer, 422 same key with another body, 409 while the first request
-is still in progress, 400 missing or invalid key.
+is still in progress, 400 missing or invalid key. A bot the client may not use is 403 before
+any of that, replays included, and a replay's payload is masked as the client may read it now.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from outbox.serializers import (
     ErrorSerializer,
     MessageCreateSerializer,
     MessageSerializer,
+    bot_named,
 )
 
 IDEMPOTENCY_HEADER = OpenApiParameter(
@@ -51,6 +53,10 @@ def _idempotent(request: Request, endpoint: str, handle: Callable[[str], Respons
     problem = services.idempotency_key_problem(key)
     if problem:
         return Response({"detail": f"invalid Idempotency-Key: {problem}"}, status=status.HTTP_400_BAD_REQUEST)
+    # Scope first: a replay too is answered only to a client that may (still) use the bot.
+    forbidden = _forbidden_bot(request, bot_named(request.data.get("bot")) if isinstance(request.data, dict) else None)
+    if forbidden is not None:
+        return forbidden
     begun = idempotency.idempotency_begin(
         scope=f"user:{request.user.pk}:{endpoint}",
         key=key,
@@ -65,7 +71,8 @@ def _idempotent(request: Request, endpoint: str, handle: Callable[[str], Respons
             status=status.HTTP_409_CONFLICT,
         )
     if begun.outcome == "replay":
-        return Response(begun.record.response_body, status=status.HTTP_200_OK, headers={"Idempotent-Replayed": "true"})
+        body = _as_seen_by(request, begun.record.response_body)
+        return Response(body, status=status.HTTP_200_OK, headers={"Idempotent-Replayed": "true"})
     try:
         response = handle(key)
     except BaseException:
@@ -90,6 +97,9 @@ def _rejected(exc: services.MessageRejected) -> Response:
 
 
 def _forbidden_bot(request: Request, bot: Any) -> Response | None:
+    """403 when `bot` is one this client may not use; None for no bot (the body's to refuse)."""
+    if bot is None:
+        return None
     allowed = selectors.api_client_bot_ids(request.user)
     if allowed is None or bot.pk in allowed:
         return None
@@ -104,12 +114,17 @@ def _visible(request: Request) -> Any:
 
 def _message_body(message_id: int, request: Request) -> dict[str, Any]:
     message = OutboundMessage.objects.select_related("bot").prefetch_related("attempt_set").get(pk=message_id)
-    body = MessageSerializer(message).data
-    if not selectors.api_client_payload_access(request.user):
-        # As in the admin: what a person wrote or who they are is for those with payload access.
-        payload = body.get("payload") or {}
-        body["payload"] = {k: "<masked>" if k in retention.PERSONAL_PAYLOAD_KEYS else v for k, v in payload.items()}
-    return body
+    return _as_seen_by(request, MessageSerializer(message).data)
+
+
+def _as_seen_by(request: Request, body: dict[str, Any]) -> dict[str, Any]:
+    """An answer holding a message's payload as this client may read it now."""
+    if "payload" not in body or selectors.api_client_payload_access(request.user):
+        return body
+    # As in the admin: what a person wrote or who they are is for those with payload access.
+    payload = body.get("payload") or {}
+    masked = {k: "<masked>" if k in retention.PERSONAL_PAYLOAD_KEYS else v for k, v in payload.items()}
+    return {**body, "payload": masked}
 
 
 class MessageCreateView(APIView):
@@ -125,9 +140,6 @@ class MessageCreateView(APIView):
             if not serializer.is_valid():
                 return Response(serializer.errors, status=status.HTTP_400_BAD_REQUEST)
             data = serializer.validated_data
-            forbidden = _forbidden_bot(request, data["bot"])
-            if forbidden is not None:
-                return forbidden
             try:
                 with transaction.atomic():
                     message, created = services.outbound_message_enqueue(
@@ -193,9 +205,6 @@ class BroadcastCreateView(APIView):
             if not serializer.is_valid():
                 return Response(serializer.errors, status=status.HTTP_400_BAD_REQUEST)
             data = serializer.validated_data
-            forbidden = _forbidden_bot(request, data["bot"])
-            if forbidden is not None:
-                return forbidden
             broadcast_key = services.client_key(client=str(request.user.pk), key=key)
             try:
                 result = services.broadcast_enqueue(

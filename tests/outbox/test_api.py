@@ -159,11 +159,16 @@ def test_invalid_bodies_are_400_with_field_errors_and_free_the_key(alice, bot, c
     assert post_message(alice, body_for(bot), key="fix-and-retry").status_code == 201
 
 
-def test_an_inactive_bot_is_400(alice, bot_factory) -> None:
+def test_an_inactive_bot_is_400_for_a_client_granted_it(bot, bot_factory) -> None:
     sleeping = bot_factory(is_active=False)
-    response = post_message(alice, body_for(sleeping))
+    response = post_message(api_client("carol", bot, sleeping), body_for(sleeping))
     assert response.status_code == 400
     assert "inactive" in response.json()["bot"][0]
+
+
+def test_an_inactive_bot_the_client_is_not_granted_is_403(alice, bot_factory) -> None:
+    # Scope first: whether a bot it may not use is active is none of the client's business.
+    assert post_message(alice, body_for(bot_factory(is_active=False))).status_code == 403
 
 
 def test_get_shows_state_attempts_last_error_and_telegram_message_id(alice, bot, sandbox) -> None:
