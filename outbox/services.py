@@ -49,15 +49,36 @@ class MessageRejected(ValueError):
 
 
 def call_fingerprint(method: str, chat_id: int, payload: dict[str, Any]) -> str:
-    """sha256 of a call in a canonical form (key order does not matter). A payload holding
-    NaN or an infinity is refused: JSON has no form for them (PostgreSQL refuses them too)."""
+    """sha256 of a call in a canonical form (key order does not matter). Every way a message
+    is written (one row, a batch through orjson, the ORM) takes its fingerprint first, so a
+    payload that is not JSON is refused here, the same for all of them: a value JSON has no
+    form for (a datetime, a Decimal, a set, bytes; NaN or an infinity), keys of two types
+    (not to be ordered), nesting past Python's stack, and strings PostgreSQL's jsonb refuses."""
     try:
-        canonical = json.dumps(
-            [method, chat_id, payload], sort_keys=True, separators=(",", ":"), default=str, allow_nan=False
-        )
-    except ValueError as exc:
+        canonical = json.dumps([method, chat_id, payload], sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
         raise MessageRejected(f"payload: {exc}") from None
+    problem = _unstorable_string(canonical, payload)
+    if problem:
+        raise MessageRejected(f"payload: {problem}")
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+# A NUL's escape in json.dumps's text, not an escaped backslash followed by "u0000".
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def _unstorable_string(canonical: str, payload: Any) -> str:
+    """Why PostgreSQL's jsonb would refuse a string of `payload` (`canonical`: its call's
+    JSON text, all ASCII), or "". Each check runs only when an escape in the text may be it."""
+    if "\\u0000" in canonical and _NUL_ESCAPE.search(canonical):
+        return "a string holds a NUL character, which PostgreSQL cannot store"
+    if "\\ud" in canonical:  # a surrogate's escape: an emoji's pair, or half of one
+        try:
+            json.dumps(payload, ensure_ascii=False).encode()
+        except UnicodeEncodeError:
+            return "a string holds half of a surrogate pair, which is not Unicode text"
+    return ""
 
 
 def _another_call(stored: str, fingerprint: str) -> bool:

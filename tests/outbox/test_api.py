@@ -142,6 +142,7 @@ def test_two_clients_may_use_the_same_key(alice, bot) -> None:
         ({"method": "launchRocket"}, "method"),
         ({"payload": "text"}, "payload"),
         ({"payload": {"text": ""}}, "payload"),
+        ({"payload": {"text": "a\x00b"}}, "payload"),  # PostgreSQL's jsonb refuses a NUL
         # A long text is split (tests/outbox/test_long_messages.py); a long caption cannot be.
         ({"method": "sendPhoto", "payload": {"photo": "f", "caption": "x" * 1025}}, "payload"),
         ({"payload": {"text": "*x* " * 3000, "parse_mode": "MarkdownV2"}}, "payload"),
