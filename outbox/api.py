@@ -15,13 +15,15 @@ from django.db import transaction
 from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
-from rest_framework import status
+from rest_framework import parsers, status
+from rest_framework.exceptions import ParseError
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from outbox import idempotency, retention, selectors, services
 from outbox.models import OutboundMessage
+from outbox.payloads import MAX_JSON_DEPTH, json_depth
 from outbox.serializers import (
     BroadcastCreateSerializer,
     BroadcastResultSerializer,
@@ -44,6 +46,26 @@ IDEMPOTENCY_RESPONSES = {
     409: OpenApiResponse(ErrorSerializer, description="The first request with this key is still in progress."),
     422: OpenApiResponse(ErrorSerializer, description="This key was used with a different body."),
 }
+
+
+class JSONParser(parsers.JSONParser):
+    """DRF's, refusing (400) a body nested deeper than MAX_JSON_DEPTH, as the webhook does."""
+
+    too_deep = f"JSON parse error - the body is nested deeper than {MAX_JSON_DEPTH} levels"
+
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
+        try:
+            data = super().parse(stream, media_type, parser_context)
+        except RecursionError:
+            # json's decoder gives up around a thousand levels.
+            raise ParseError(self.too_deep) from None
+        if json_depth(data, stop_above=MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
+            raise ParseError(self.too_deep)
+        return data
+
+
+class _View(APIView):
+    parser_classes = [JSONParser, parsers.FormParser, parsers.MultiPartParser]
 
 
 def _idempotent(request: Request, endpoint: str, handle: Callable[[str], Response]) -> Response:
@@ -127,7 +149,7 @@ def _as_seen_by(request: Request, body: dict[str, Any]) -> dict[str, Any]:
     return {**body, "payload": masked}
 
 
-class MessageCreateView(APIView):
+class MessageCreateView(_View):
     @extend_schema(
         request=MessageCreateSerializer,
         parameters=[IDEMPOTENCY_HEADER],
@@ -163,14 +185,14 @@ class MessageCreateView(APIView):
         return _idempotent(request, "messages", handle)
 
 
-class MessageDetailView(APIView):
+class MessageDetailView(_View):
     @extend_schema(responses={200: MessageSerializer, 404: ErrorSerializer}, summary="A message and its attempts")
     def get(self, request: Request, pk: int) -> Response:
         get_object_or_404(_visible(request).only("pk"), pk=pk)
         return Response(_message_body(pk, request))
 
 
-class MessageCancelView(APIView):
+class MessageCancelView(_View):
     @extend_schema(
         request=CancelSerializer,
         responses={200: MessageSerializer, 404: ErrorSerializer, 409: ErrorSerializer},
@@ -192,7 +214,7 @@ class MessageCancelView(APIView):
         return Response(_message_body(pk, request))
 
 
-class BroadcastCreateView(APIView):
+class BroadcastCreateView(_View):
     @extend_schema(
         request=BroadcastCreateSerializer,
         parameters=[IDEMPOTENCY_HEADER],

@@ -112,7 +112,7 @@ def test_the_same_key_while_the_first_request_is_in_progress_is_409(alice, bot) 
     assert not OutboundMessage.objects.exists()
 
 
-@pytest.mark.parametrize("key", [None, "", "k" * 256, "\x00", "tab\tkey"])
+@pytest.mark.parametrize("key", [None, "", "k" * 256, "\x00", "tab\tkey", "half a pair \ud83d"])
 def test_a_missing_or_invalid_key_is_400(alice, bot, key) -> None:
     response = post_message(alice, body_for(bot), key=key)
 
@@ -137,6 +137,7 @@ def test_two_clients_may_use_the_same_key(alice, bot) -> None:
     ("change", "field"),
     [
         ({"bot": "nobody"}, "bot"),
+        ({"bot": "shop\x00"}, "bot"),  # no name holds a NUL, and PostgreSQL cannot be asked
         ({"chat_id": "abc"}, "chat_id"),
         ({"chat_id": 2**63}, "chat_id"),
         ({"method": "launchRocket"}, "method"),
