@@ -2,7 +2,8 @@
 
 POST /api/v1/messages/ and /api/v1/broadcasts/ require an Idempotency-Key header: 201 new,
 200 replay of the first answer, 422 same key with another body, 409 while the first request
-is still in progress, 400 missing or invalid key.
+is still in progress, 400 missing or invalid key. A bot the client may not use is 403 before
+any of that, replays included, and a replay's payload is masked as the client may read it now.
 """
 
 from __future__ import annotations
@@ -14,13 +15,15 @@ from django.db import transaction
 from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
-from rest_framework import status
+from rest_framework import parsers, status
+from rest_framework.exceptions import ParseError
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from outbox import idempotency, retention, selectors, services
 from outbox.models import OutboundMessage
+from outbox.payloads import MAX_JSON_DEPTH, json_depth
 from outbox.serializers import (
     BroadcastCreateSerializer,
     BroadcastResultSerializer,
@@ -28,6 +31,7 @@ from outbox.serializers import (
     ErrorSerializer,
     MessageCreateSerializer,
     MessageSerializer,
+    bot_named,
 )
 
 IDEMPOTENCY_HEADER = OpenApiParameter(
@@ -44,6 +48,26 @@ IDEMPOTENCY_RESPONSES = {
 }
 
 
+class JSONParser(parsers.JSONParser):
+    """DRF's, refusing (400) a body nested deeper than MAX_JSON_DEPTH, as the webhook does."""
+
+    too_deep = f"JSON parse error - the body is nested deeper than {MAX_JSON_DEPTH} levels"
+
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
+        try:
+            data = super().parse(stream, media_type, parser_context)
+        except RecursionError:
+            # json's decoder gives up around a thousand levels.
+            raise ParseError(self.too_deep) from None
+        if json_depth(data, stop_above=MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
+            raise ParseError(self.too_deep)
+        return data
+
+
+class _View(APIView):
+    parser_classes = [JSONParser, parsers.FormParser, parsers.MultiPartParser]
+
+
 def _idempotent(request: Request, endpoint: str, handle: Callable[[str], Response]) -> Response:
     key = request.headers.get("Idempotency-Key")
     if key is None:
@@ -51,6 +75,10 @@ def _idempotent(request: Request, endpoint: str, handle: Callable[[str], Respons
     problem = services.idempotency_key_problem(key)
     if problem:
         return Response({"detail": f"invalid Idempotency-Key: {problem}"}, status=status.HTTP_400_BAD_REQUEST)
+    # Scope first: a replay too is answered only to a client that may (still) use the bot.
+    forbidden = _forbidden_bot(request, bot_named(request.data.get("bot")) if isinstance(request.data, dict) else None)
+    if forbidden is not None:
+        return forbidden
     begun = idempotency.idempotency_begin(
         scope=f"user:{request.user.pk}:{endpoint}",
         key=key,
@@ -65,7 +93,8 @@ def _idempotent(request: Request, endpoint: str, handle: Callable[[str], Respons
             status=status.HTTP_409_CONFLICT,
         )
     if begun.outcome == "replay":
-        return Response(begun.record.response_body, status=status.HTTP_200_OK, headers={"Idempotent-Replayed": "true"})
+        body = _as_seen_by(request, begun.record.response_body)
+        return Response(body, status=status.HTTP_200_OK, headers={"Idempotent-Replayed": "true"})
     try:
         response = handle(key)
     except BaseException:
@@ -90,6 +119,9 @@ def _rejected(exc: services.MessageRejected) -> Response:
 
 
 def _forbidden_bot(request: Request, bot: Any) -> Response | None:
+    """403 when `bot` is one this client may not use; None for no bot (the body's to refuse)."""
+    if bot is None:
+        return None
     allowed = selectors.api_client_bot_ids(request.user)
     if allowed is None or bot.pk in allowed:
         return None
@@ -104,15 +136,20 @@ def _visible(request: Request) -> Any:
 
 def _message_body(message_id: int, request: Request) -> dict[str, Any]:
     message = OutboundMessage.objects.select_related("bot").prefetch_related("attempt_set").get(pk=message_id)
-    body = MessageSerializer(message).data
-    if not selectors.api_client_payload_access(request.user):
-        # As in the admin: what a person wrote or who they are is for those with payload access.
-        payload = body.get("payload") or {}
-        body["payload"] = {k: "<masked>" if k in retention.PERSONAL_PAYLOAD_KEYS else v for k, v in payload.items()}
-    return body
+    return _as_seen_by(request, MessageSerializer(message).data)
 
 
-class MessageCreateView(APIView):
+def _as_seen_by(request: Request, body: dict[str, Any]) -> dict[str, Any]:
+    """An answer holding a message's payload as this client may read it now."""
+    if "payload" not in body or selectors.api_client_payload_access(request.user):
+        return body
+    # As in the admin: what a person wrote or who they are is for those with payload access.
+    payload = body.get("payload") or {}
+    masked = {k: "<masked>" if k in retention.PERSONAL_PAYLOAD_KEYS else v for k, v in payload.items()}
+    return {**body, "payload": masked}
+
+
+class MessageCreateView(_View):
     @extend_schema(
         request=MessageCreateSerializer,
         parameters=[IDEMPOTENCY_HEADER],
@@ -125,9 +162,6 @@ class MessageCreateView(APIView):
             if not serializer.is_valid():
                 return Response(serializer.errors, status=status.HTTP_400_BAD_REQUEST)
             data = serializer.validated_data
-            forbidden = _forbidden_bot(request, data["bot"])
-            if forbidden is not None:
-                return forbidden
             try:
                 with transaction.atomic():
                     message, created = services.outbound_message_enqueue(
@@ -151,14 +185,14 @@ class MessageCreateView(APIView):
         return _idempotent(request, "messages", handle)
 
 
-class MessageDetailView(APIView):
+class MessageDetailView(_View):
     @extend_schema(responses={200: MessageSerializer, 404: ErrorSerializer}, summary="A message and its attempts")
     def get(self, request: Request, pk: int) -> Response:
         get_object_or_404(_visible(request).only("pk"), pk=pk)
         return Response(_message_body(pk, request))
 
 
-class MessageCancelView(APIView):
+class MessageCancelView(_View):
     @extend_schema(
         request=CancelSerializer,
         responses={200: MessageSerializer, 404: ErrorSerializer, 409: ErrorSerializer},
@@ -180,7 +214,7 @@ class MessageCancelView(APIView):
         return Response(_message_body(pk, request))
 
 
-class BroadcastCreateView(APIView):
+class BroadcastCreateView(_View):
     @extend_schema(
         request=BroadcastCreateSerializer,
         parameters=[IDEMPOTENCY_HEADER],
@@ -193,9 +227,6 @@ class BroadcastCreateView(APIView):
             if not serializer.is_valid():
                 return Response(serializer.errors, status=status.HTTP_400_BAD_REQUEST)
             data = serializer.validated_data
-            forbidden = _forbidden_bot(request, data["bot"])
-            if forbidden is not None:
-                return forbidden
             broadcast_key = services.client_key(client=str(request.user.pk), key=key)
             try:
                 result = services.broadcast_enqueue(
@@ -210,6 +241,8 @@ class BroadcastCreateView(APIView):
                 )
             except services.MessageRejected as exc:
                 return _rejected(exc)
+            except services.IdempotencyConflict:
+                return _key_reused()
             body = {
                 "broadcast": broadcast_key,
                 "bot": data["bot"].name,

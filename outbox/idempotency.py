@@ -28,7 +28,9 @@ STALE_IN_PROGRESS = timedelta(seconds=60)
 def request_fingerprint(data: Any) -> str:
     """sha256 of the request body in a canonical form (key order does not matter)."""
     canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str, ensure_ascii=False)
-    return hashlib.sha256(canonical.encode()).hexdigest()
+    # A body may hold half a surrogate pair ("\ud800" in its JSON): fingerprinted all the
+    # same, and refused by the outbox with a 400.
+    return hashlib.sha256(canonical.encode(errors="surrogatepass")).hexdigest()
 
 
 @dataclass(frozen=True)

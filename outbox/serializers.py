@@ -22,6 +22,14 @@ def _bot_model() -> Any:
     return OutboundMessage._meta.get_field("bot").related_model
 
 
+def bot_named(name: Any) -> Any:
+    """The bot called `name`, or None, whatever `name` is (a NUL is in no bot's name, and
+    PostgreSQL's text cannot even be asked about it)."""
+    if not isinstance(name, str) or not 1 <= len(name) <= 64 or "\x00" in name:
+        return None
+    return _bot_model().objects.filter(name=name).first()
+
+
 @extend_schema_field(OpenApiTypes.STR)
 class BotNameField(serializers.Field):
     """A bot by name; unknown or inactive names are a 400 with a clear message."""
@@ -30,7 +38,7 @@ class BotNameField(serializers.Field):
         if not isinstance(data, str) or not 1 <= len(data) <= 64:
             raise serializers.ValidationError("a bot name is a string of 1-64 characters")
         name = data
-        bot = _bot_model().objects.filter(name=name).first()
+        bot = bot_named(name)
         if bot is None:
             raise serializers.ValidationError(f"unknown bot {name!r}")
         if not bot.is_active:

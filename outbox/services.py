@@ -49,15 +49,42 @@ class MessageRejected(ValueError):
 
 
 def call_fingerprint(method: str, chat_id: int, payload: dict[str, Any]) -> str:
-    """sha256 of a call in a canonical form (key order does not matter). A payload holding
-    NaN or an infinity is refused: JSON has no form for them (PostgreSQL refuses them too)."""
+    """sha256 of a call in a canonical form (key order does not matter). Every way a message
+    is written (one row, a batch through orjson, the ORM) takes its fingerprint first, so a
+    payload that is not JSON is refused here, the same for all of them: a value JSON has no
+    form for (a datetime, a Decimal, a set, bytes; NaN or an infinity), keys of two types
+    (not to be ordered), nesting past Python's stack, and strings PostgreSQL's jsonb refuses."""
     try:
-        canonical = json.dumps(
-            [method, chat_id, payload], sort_keys=True, separators=(",", ":"), default=str, allow_nan=False
-        )
-    except ValueError as exc:
+        canonical = json.dumps([method, chat_id, payload], sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
         raise MessageRejected(f"payload: {exc}") from None
+    problem = _unstorable_string(canonical, payload)
+    if problem:
+        raise MessageRejected(f"payload: {problem}")
     return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+# A NUL's escape in json.dumps's text, not an escaped backslash followed by "u0000".
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def _unstorable_string(canonical: str, payload: Any) -> str:
+    """Why PostgreSQL's jsonb would refuse a string of `payload` (`canonical`: its call's
+    JSON text, all ASCII), or "". Each check runs only when an escape in the text may be it."""
+    if "\\u0000" in canonical and _NUL_ESCAPE.search(canonical):
+        return "a string holds a NUL character, which PostgreSQL cannot store"
+    if "\\ud" in canonical:  # a surrogate's escape: an emoji's pair, or half of one
+        try:
+            json.dumps(payload, ensure_ascii=False).encode()
+        except UnicodeEncodeError:
+            return "a string holds half of a surrogate pair, which is not Unicode text"
+    return ""
+
+
+def _another_call(stored: str, fingerprint: str) -> bool:
+    """Whether a message stored under a key was stored for another call than `fingerprint`'s:
+    the key's reuse is then a conflict, not a replay. Rows older than the check have none."""
+    return bool(stored) and stored != fingerprint
 
 
 def validate_call(method: str, chat_id: Any, payload: Any, *, splittable: bool = False) -> None:
@@ -128,16 +155,17 @@ def _parts(method: str, payload: dict[str, Any]) -> list[dict[str, Any]]:
 
 def idempotency_key_problem(key: str) -> str:
     """Why a key cannot be used ("" when it can): 1-255 characters, none of them a control
-    character (PostgreSQL's text refuses NUL; the others are invisible in the admin)."""
+    character (PostgreSQL's text refuses NUL; the others are invisible in the admin) or half
+    of a surrogate pair (not Unicode text: no encoding can send it to PostgreSQL)."""
     if not 1 <= len(key) <= 255:
         return "an idempotency key is 1-255 characters"
-    if _CONTROL_CHARACTER.search(key):
-        return "an idempotency key has no control characters"
+    if _UNUSABLE_KEY_CHARACTER.search(key):
+        return "an idempotency key has no control characters nor halves of surrogate pairs"
     return ""
 
 
 # One search in C: 0.3 µs for a reply's key, where a generator over its characters took 2.2.
-_CONTROL_CHARACTER = re.compile("[\x00-\x1f\x7f]")
+_UNUSABLE_KEY_CHARACTER = re.compile("[\x00-\x1f\x7f\ud800-\udfff]")
 _ON_AMBIGUOUS = frozenset(OnAmbiguous.values)  # `.values` builds its list on every read
 
 
@@ -217,7 +245,7 @@ def outbound_message_enqueue(
         messages.append(message)
     else:
         message, created = _get_or_create_parts(bot_id, idempotency_key, call.defaults, call.payloads, messages)
-    if not created and message.request_fingerprint and message.request_fingerprint != call.fingerprint:
+    if not created and _another_call(message.request_fingerprint, call.fingerprint):
         raise IdempotencyConflict(message)
     if created:
         _dispatch_on_commit(messages)
@@ -278,7 +306,7 @@ def outbound_messages_enqueue(calls: list[dict[str, Any]]) -> list[Enqueued]:
             enqueued.append(Enqueued(call.message, created=True, conflict=False))
             continue
         message = stored[(call.message.bot_id, call.message.idempotency_key)]
-        conflict = bool(message.request_fingerprint) and message.request_fingerprint != call.fingerprint
+        conflict = _another_call(message.request_fingerprint, call.fingerprint)
         enqueued.append(Enqueued(message, created=False, conflict=conflict))
     _dispatch_on_commit([e.message for e in enqueued if e.created])
     return enqueued
@@ -497,22 +525,21 @@ def broadcast_enqueue(
     """One payload to many chats: one unordered outbox message per chat, keyed by the
     broadcast key and the chat, drained within the bot's rate limits on the bulk queue.
 
-    Calling it again with the same key creates nothing new and dispatches nothing again.
+    Calling it again with the same key creates nothing new and dispatches nothing again
+    (but the messages of chats it adds); with another payload or method it raises
+    IdempotencyConflict and writes nothing, as `outbound_message_enqueue` does.
     """
     if not chat_ids:
         raise MessageRejected("chat_ids must not be empty", field="chat_ids")
-    unique_chats = list(dict.fromkeys(chat_ids))
-    for chat_id in unique_chats:
+    fingerprints: dict[int, str] = {}
+    for chat_id in dict.fromkeys(chat_ids):
         validate_call(method, chat_id, payload)
+        fingerprints[chat_id] = call_fingerprint(method, chat_id, payload)
     _validate_options(idempotency_key=broadcast_key, send_at=send_at, expires_at=expires_at, on_ambiguous=on_ambiguous)
     now = timezone.now()
-    keys = {broadcast_message_key(broadcast_key, chat_id): chat_id for chat_id in unique_chats}
+    keys = {broadcast_message_key(broadcast_key, chat_id): chat_id for chat_id in fingerprints}
     with transaction.atomic():
-        existing = set(
-            OutboundMessage.objects.filter(bot_id=bot_id, idempotency_key__in=list(keys)).values_list(
-                "idempotency_key", flat=True
-            )
-        )
+        existing = _broadcast_stored(bot_id, keys, fingerprints)
         rows = [
             OutboundMessage(
                 bot_id=bot_id,
@@ -520,6 +547,7 @@ def broadcast_enqueue(
                 method=method,
                 payload=payload,
                 idempotency_key=key,
+                request_fingerprint=fingerprints[chat_id],
                 broadcast=broadcast_key,
                 trace_id=trace_id or current_trace_id.get(),
                 send_at=send_at,
@@ -538,13 +566,10 @@ def broadcast_enqueue(
             # Due at its slot, in the row too (as a deferred send's is), so that the sweeper
             # does not take it for lost meanwhile.
             row.next_attempt_at = now + timedelta(seconds=delay)
-        # A concurrent call with the same key may insert some first: theirs stand.
+        # A concurrent call with the same key may insert some first: theirs stand, or, when
+        # they were another call, this one is rolled back whole.
         OutboundMessage.objects.bulk_create(rows, batch_size=1000, ignore_conflicts=True)
-        ids = dict(
-            OutboundMessage.objects.filter(bot_id=bot_id, idempotency_key__in=list(keys)).values_list(
-                "idempotency_key", "id"
-            )
-        )
+        ids = _broadcast_stored(bot_id, keys, fingerprints)
         new_ids = [ids[row.idempotency_key] for row in rows if row.idempotency_key in ids]
         reserved = {
             ids[row.idempotency_key]: d for row, d in zip(rows, slots, strict=False) if row.idempotency_key in ids
@@ -563,6 +588,21 @@ def broadcast_enqueue(
 
         transaction.on_commit(publish_all)
     return BroadcastResult(message_ids=[ids[k] for k in keys if k in ids], created=len(rows))
+
+
+def _broadcast_stored(bot_id: int, keys: dict[str, int], fingerprints: dict[int, str]) -> dict[str, int]:
+    """The ids of a broadcast's messages stored so far, by key (`keys`: key -> chat). Raises
+    IdempotencyConflict when one was stored for another call: a broadcast key reused with
+    another payload or method must not send some chats the first and others the second."""
+    stored = OutboundMessage.objects.filter(bot_id=bot_id, idempotency_key__in=list(keys)).values_list(
+        "idempotency_key", "id", "request_fingerprint"
+    )
+    ids = {}
+    for key, pk, fingerprint in stored:
+        if _another_call(fingerprint, fingerprints[keys[key]]):
+            raise IdempotencyConflict(OutboundMessage.objects.get(pk=pk))
+        ids[key] = pk
+    return ids
 
 
 def _broadcast_slots(*, bot_id: int, method: str, send_at: datetime | None, n: int) -> list[float]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bots.payloads import clip
+from outbox.payloads import clip
 
 PAYLOAD_PERMISSION = "reconciliation.view_payload"
 PERSONAL_FIELDS = frozenset({"text", "caption", "phone_number", "first_name", "last_name", "username"})

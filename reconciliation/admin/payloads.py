@@ -10,8 +10,8 @@ from django.contrib import admin
 from django.http import HttpRequest
 from django.utils.html import format_html
 
-from bots.payloads import clip
 from outbox.admin import ReadOnlyAdmin
+from outbox.payloads import clip
 from reconciliation.masking import can_view_payload, mask
 from reconciliation.models import PayloadVersion
 

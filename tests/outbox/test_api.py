@@ -3,6 +3,8 @@ status, cancel, broadcasts and the OpenAPI schema."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.conf import settings
 from django.test import override_settings
@@ -110,7 +112,7 @@ def test_the_same_key_while_the_first_request_is_in_progress_is_409(alice, bot) 
     assert not OutboundMessage.objects.exists()
 
 
-@pytest.mark.parametrize("key", [None, "", "k" * 256, "\x00", "tab\tkey"])
+@pytest.mark.parametrize("key", [None, "", "k" * 256, "\x00", "tab\tkey", "half a pair \ud83d"])
 def test_a_missing_or_invalid_key_is_400(alice, bot, key) -> None:
     response = post_message(alice, body_for(bot), key=key)
 
@@ -135,11 +137,13 @@ def test_two_clients_may_use_the_same_key(alice, bot) -> None:
     ("change", "field"),
     [
         ({"bot": "nobody"}, "bot"),
+        ({"bot": "shop\x00"}, "bot"),  # no name holds a NUL, and PostgreSQL cannot be asked
         ({"chat_id": "abc"}, "chat_id"),
         ({"chat_id": 2**63}, "chat_id"),
         ({"method": "launchRocket"}, "method"),
         ({"payload": "text"}, "payload"),
         ({"payload": {"text": ""}}, "payload"),
+        ({"payload": {"text": "a\x00b"}}, "payload"),  # PostgreSQL's jsonb refuses a NUL
         # A long text is split (tests/outbox/test_long_messages.py); a long caption cannot be.
         ({"method": "sendPhoto", "payload": {"photo": "f", "caption": "x" * 1025}}, "payload"),
         ({"payload": {"text": "*x* " * 3000, "parse_mode": "MarkdownV2"}}, "payload"),
@@ -157,11 +161,16 @@ def test_invalid_bodies_are_400_with_field_errors_and_free_the_key(alice, bot, c
     assert post_message(alice, body_for(bot), key="fix-and-retry").status_code == 201
 
 
-def test_an_inactive_bot_is_400(alice, bot_factory) -> None:
+def test_an_inactive_bot_is_400_for_a_client_granted_it(bot, bot_factory) -> None:
     sleeping = bot_factory(is_active=False)
-    response = post_message(alice, body_for(sleeping))
+    response = post_message(api_client("carol", bot, sleeping), body_for(sleeping))
     assert response.status_code == 400
     assert "inactive" in response.json()["bot"][0]
+
+
+def test_an_inactive_bot_the_client_is_not_granted_is_403(alice, bot_factory) -> None:
+    # Scope first: whether a bot it may not use is active is none of the client's business.
+    assert post_message(alice, body_for(bot_factory(is_active=False))).status_code == 403
 
 
 def test_get_shows_state_attempts_last_error_and_telegram_message_id(alice, bot, sandbox) -> None:
@@ -221,6 +230,60 @@ def test_a_broadcast_makes_one_unordered_message_per_chat_with_derived_keys(alic
     }
     assert (replay.status_code, replay.json()) == (200, data)
     assert OutboundMessage.objects.count() == 3
+
+
+def post_broadcast(client: APIClient, body: dict, key: str = "sale-2030"):
+    return client.post("/api/v1/broadcasts/", body, format="json", HTTP_IDEMPOTENCY_KEY=key)
+
+
+def purge_idempotency_records() -> None:
+    """Retention, as the sweeper runs it, once the records are past their 24 hours."""
+    IdempotencyRecord.objects.update(created_at=timezone.now() - timedelta(hours=25))
+    assert idempotency.idempotency_records_prune() >= 1
+
+
+def test_a_broadcast_key_with_another_payload_is_422_before_and_after_its_record_is_purged(alice, bot) -> None:
+    first = {"bot": bot.name, "chat_ids": [11, 12], "payload": {"text": "Sale starts now"}}
+    second = {"bot": bot.name, "chat_ids": [11, 12, 13], "payload": {"text": "Sale cancelled"}}
+    assert post_broadcast(alice, first).status_code == 201
+
+    while_kept = post_broadcast(alice, second)
+    purge_idempotency_records()
+    after_purge = post_broadcast(alice, second)
+    one_chat = post_broadcast(alice, {**second, "chat_ids": [12]})
+
+    assert (while_kept.status_code, after_purge.status_code, one_chat.status_code) == (422, 422, 422)
+    assert "different request body" in after_purge.json()["detail"]
+    # Not one chat got the second text, not even chat 13, which the first broadcast had not.
+    assert sorted((m.chat_id, m.payload["text"]) for m in OutboundMessage.objects.all()) == [
+        (11, "Sale starts now"),
+        (12, "Sale starts now"),
+    ]
+    replay = post_broadcast(alice, first)
+    assert (replay.status_code, replay.json()["created"], replay.json()["count"]) == (200, 0, 2)
+
+
+def test_a_broadcast_replay_with_its_record_kept_is_200_with_the_first_answer(alice, bot) -> None:
+    body = {"bot": bot.name, "chat_ids": [11, 12], "payload": {"text": "Sale starts now"}}
+    first = post_broadcast(alice, body)
+    again = post_broadcast(alice, body)
+
+    assert (first.status_code, again.status_code, again["Idempotent-Replayed"]) == (201, 200, "true")
+    assert again.json() == first.json()
+    assert OutboundMessage.objects.count() == 2
+
+
+def test_the_broadcast_service_refuses_a_key_used_with_another_call_and_writes_nothing(bot) -> None:
+    services.broadcast_enqueue(bot_id=bot.pk, chat_ids=[1, 2], payload={"text": "x"}, broadcast_key="b1")
+
+    with pytest.raises(services.IdempotencyConflict):
+        services.broadcast_enqueue(bot_id=bot.pk, chat_ids=[2, 3], payload={"text": "y"}, broadcast_key="b1")
+    with pytest.raises(services.IdempotencyConflict):
+        services.broadcast_enqueue(
+            bot_id=bot.pk, chat_ids=[1], payload={"text": "x"}, broadcast_key="b1", method="editMessageText"
+        )
+
+    assert sorted(OutboundMessage.objects.values_list("chat_id", "payload")) == [(1, {"text": "x"}), (2, {"text": "x"})]
 
 
 def test_a_broadcast_needs_a_key_and_valid_chats(alice, bot) -> None:

@@ -96,3 +96,43 @@ def test_add_api_client_grants_bots_prints_a_token_and_updates_in_place(shops) -
 
     with pytest.raises(CommandError, match="unknown bot"):
         call_command("add_api_client", "crm", "--bot", "nobody", stdout=StringIO())
+
+
+def broadcast(client: APIClient, bot, key: str):
+    body = {"bot": bot.name, "chat_ids": [77, 78], "payload": {"text": "Your code is 4411"}}
+    return client.post("/api/v1/broadcasts/", body, format="json", HTTP_IDEMPOTENCY_KEY=key)
+
+
+def test_a_replay_after_the_clients_grant_was_removed_is_403_as_a_new_request_is(shops) -> None:
+    alice_shop, _ = shops
+    alice = api_client("alice", alice_shop)
+    message = send(alice, alice_shop, "k1")
+    sale = broadcast(alice, alice_shop, "b1")
+    assert (message.status_code, sale.status_code) == (201, 201)
+
+    call_command("add_api_client", "alice", "--bot", "bob-shop", stdout=StringIO())  # alice-shop taken away
+
+    replayed = send(alice, alice_shop, "k1")
+    replayed_sale = broadcast(alice, alice_shop, "b1")
+    assert (replayed.status_code, replayed_sale.status_code) == (403, 403)
+    assert "4411" not in replayed.content.decode()
+    assert "alice-shop" in replayed.json()["bot"][0]
+    assert alice.get(f"/api/v1/messages/{message.json()['id']}/").status_code == 404
+    assert OutboundMessage.objects.count() == 3
+
+
+def test_a_replay_after_payload_access_was_removed_masks_the_payload(shops) -> None:
+    alice_shop, _ = shops
+    alice = api_client("alice", alice_shop, payload_access=True)
+    first = send(alice, alice_shop, "k1")
+    assert first.json()["payload"] == {"text": "Your code is 4411"}
+
+    ApiClient.objects.filter(user__username="alice").update(payload_access=False)
+
+    replayed = send(alice, alice_shop, "k1")
+    assert (replayed.status_code, replayed["Idempotent-Replayed"]) == (200, "true")
+    assert replayed.json()["payload"] == {"text": "<masked>"}
+    assert {k: v for k, v in replayed.json().items() if k != "payload"} == {
+        k: v for k, v in first.json().items() if k != "payload"
+    }
+    assert alice.get(f"/api/v1/messages/{first.json()['id']}/").json()["payload"] == {"text": "<masked>"}

@@ -1,9 +1,10 @@
 """How deep the JSON we take in may nest, and how to show stored JSON of any depth.
 
-Telegram's updates nest about ten levels (a reply's pinned message's keyboard); the webhook
-refuses anything deeper than MAX_JSON_DEPTH with 400. Python's json, repr and our own walkers
-recurse, so a payload of a thousand levels would otherwise end in RecursionError (a 500) in
-the webhook or the admin; rows stored some other way (the poller, a shell) are shown clipped.
+Telegram's updates nest about ten levels (a reply's pinned message's keyboard) and a Bot API
+call's parameters fewer; the webhook and the REST API refuse anything deeper than
+MAX_JSON_DEPTH with 400. Python's json, repr and our own walkers recurse, so a payload of a
+thousand levels would otherwise end in RecursionError (a 500) in the webhook, the API or the
+admin; rows stored some other way (the poller, a shell) are shown clipped.
 """
 
 from __future__ import annotations
