@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import runpy
+import socket
 import subprocess
 
 import httpx
@@ -281,3 +282,41 @@ def test_behind_a_transaction_pooler_no_session_state_is_used_whatever_the_url_a
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == expected
+
+
+def test_two_web_processes_on_one_host_both_serve_and_leave_each_others_control_socket(
+    tmp_path, processes: list[Process]
+) -> None:
+    # gunicorn 25.1+ opens a control socket at $XDG_RUNTIME_DIR/gunicorn.ctl by default: each
+    # instance unlinked what was there and bound its own, and the first to stop removed the
+    # path another was still using. A socket of someone else's sits where that default points.
+    runtime = tmp_path / "run"
+    runtime.mkdir()
+    path = runtime / "gunicorn.ctl"
+    theirs = socket.socket(socket.AF_UNIX)
+    theirs.bind(str(path))
+    theirs.listen()
+    inode = path.stat().st_ino
+    env = platform_env(DEBUG="1", WEB_CONCURRENCY="1", XDG_RUNTIME_DIR=str(runtime), HOME=str(tmp_path))
+    urls = []
+    for name in ("web-a", "web-b"):
+        port = free_port()
+        processes.append(Process(name, ["bash", "-c", procfile()["web"]], {**env, "PORT": str(port)}))
+        urls.append(f"http://127.0.0.1:{port}")
+
+    def serving(url: str) -> bool:
+        try:
+            return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    for url in urls:
+        wait_until(lambda url=url: serving(url), timeout=30, message=f"{url} to serve")
+    for proc in processes:
+        proc.stop()
+
+    assert sorted(p.name for p in tmp_path.rglob("*.ctl")) == ["gunicorn.ctl"]
+    assert path.stat().st_ino == inode
+    with socket.socket(socket.AF_UNIX) as client:
+        client.connect(str(path))  # still the one its owner listens on
+    theirs.close()
