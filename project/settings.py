@@ -262,9 +262,12 @@ CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 # --- Dovecote -------------------------------------------------------------------------
 # /metrics requires `Authorization: Bearer <token>`; with DEBUG off and no token it answers 403.
 DOVECOTE_METRICS_TOKEN = env.str("DOVECOTE_METRICS_TOKEN", default="")
-# Hosts a bot's api_base_url may point to: every request carries the bot's token.
+# Hosts a bot's api_base_url may point to (with TELEGRAM_API_BASE_URL's): every request carries
+# the bot's token. Loopback only in development by default: in production whatever else
+# listens on the host would be handed the token; a local Bot API server is named explicitly.
 DOVECOTE_BOT_API_HOSTS = env.list(
-    "DOVECOTE_BOT_API_HOSTS", default=["api.telegram.org", "127.0.0.1", "localhost", "::1"]
+    "DOVECOTE_BOT_API_HOSTS",
+    default=["api.telegram.org", "127.0.0.1", "localhost", "::1"] if DEBUG else ["api.telegram.org"],
 )
 TELEGRAM_API_BASE_URL = env.str("TELEGRAM_API_BASE_URL", default="https://api.telegram.org")
 DOVECOTE_WEBHOOK_MAX_BYTES = env.int("DOVECOTE_WEBHOOK_MAX_BYTES", default=1_048_576)

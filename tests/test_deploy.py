@@ -320,3 +320,47 @@ def test_two_web_processes_on_one_host_both_serve_and_leave_each_others_control_
     with socket.socket(socket.AF_UNIX) as client:
         client.connect(str(path))  # still the one its owner listens on
     theirs.close()
+
+
+_API_HOSTS = (
+    "import json, django; django.setup(); from outbox.botapi import api_host_allowed;"
+    " urls = ['https://api.telegram.org', 'http://127.0.0.1:8081', 'http://localhost:8081', 'http://[::1]:8081',"
+    " 'http://10.1.2.3:8081'];"
+    " print(json.dumps([url for url in urls if api_host_allowed(url)]))"
+)
+
+
+@pytest.mark.parametrize(
+    ("environment", "allowed"),
+    [
+        # Production: Telegram only; a loopback Bot API server must be named.
+        ({"DEBUG": "0"}, ["https://api.telegram.org"]),
+        (
+            {"DEBUG": "0", "TELEGRAM_API_BASE_URL": "http://10.1.2.3:8081"},
+            ["https://api.telegram.org", "http://10.1.2.3:8081"],
+        ),
+        (
+            {"DEBUG": "0", "DOVECOTE_BOT_API_HOSTS": "api.telegram.org,localhost"},
+            ["https://api.telegram.org", "http://localhost:8081"],
+        ),
+        # Development: the sandbox and a local Bot API server on loopback, by any of its names.
+        (
+            {"DEBUG": "1"},
+            ["https://api.telegram.org", "http://127.0.0.1:8081", "http://localhost:8081", "http://[::1]:8081"],
+        ),
+    ],
+)
+def test_loopback_bot_api_hosts_are_allowed_by_default_only_with_debug_on(environment: dict, allowed: list) -> None:
+    # Every Bot API request carries the bot's token: in production a bot's api_base_url on
+    # loopback could hand it to whatever else listens on the host.
+    env = platform_env(
+        DATABASE_URL="postgres://postgres@127.0.0.1:5432/never-used", REDIS_URL="redis://127.0.0.1:6379/15"
+    )
+    for name in ("DOVECOTE_BOT_API_HOSTS", "TELEGRAM_API_BASE_URL"):
+        env.pop(name, None)
+    env.update(environment)
+    done = subprocess.run(
+        [str(VENV_BIN / "python"), "-c", _API_HOSTS], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == allowed
