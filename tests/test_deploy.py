@@ -364,3 +364,72 @@ def test_loopback_bot_api_hosts_are_allowed_by_default_only_with_debug_on(enviro
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1]) == allowed
+
+
+# A URL the settings cannot use, and the words of the one line that says what is wrong with it.
+MALFORMED_URLS = [
+    ("DATABASE_URL", "postgres//x", "DATABASE_URL='postgres//x': not a URL"),
+    ("DATABASE_URL", "notaurl", "DATABASE_URL='notaurl': not a URL"),
+    ("DATABASE_URL", "http://db.example.com/dovecote", "unknown database scheme 'http'"),
+    (
+        "DATABASE_URL",
+        "postgres://dove:s3cret@db.example.com:99999/dovecote",
+        "port '99999' is not a number from 1 to 65535",
+    ),
+    ("DATABASE_URL", "postgres://dove@db.example.com:five/dovecote", "port 'five' is not a number from 1 to 65535"),
+    ("DATABASE_URL", "postgres://dove@db.example.com/", "names no database"),
+    ("REDIS_URL", "redis:/x", "REDIS_URL='redis:/x': no host"),
+    ("REDIS_URL", "notaurl", "REDIS_URL='notaurl': not a URL"),
+    ("REDIS_URL", "http://redis.example.com:6379/0", "the scheme must be redis:// or rediss://"),
+    ("REDIS_URL", "redis://:s3cret@redis.example.com:70000/0", "port '70000' is not a number from 1 to 65535"),
+    ("REDIS_URL", "redis://redis.example.com:6379/zero", "database number 'zero' is not an integer"),
+]
+
+
+def _malformed_env(name: str, url: str) -> dict[str, str]:
+    env = platform_env(
+        PORT=str(free_port()),
+        DATABASE_URL="postgres://postgres@127.0.0.1:5432/never-used",
+        REDIS_URL="redis://127.0.0.1:6379/15",
+    )
+    env.pop("CELERY_BROKER_URL", None)
+    env[name] = url
+    return env
+
+
+@pytest.mark.parametrize(("name", "url", "words"), MALFORMED_URLS)
+def test_check_refuses_a_malformed_service_url_in_one_line_naming_it(name: str, url: str, words: str) -> None:
+    # Before: a KeyError traceback from the database URL's parser, or (for REDIS_URL) a check
+    # that passed and a worker that logged a traceback per connection attempt.
+    done = subprocess.run(
+        [str(VENV_BIN / "python"), "manage.py", "check"],
+        cwd=ROOT,
+        env=_malformed_env(name, url),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1, done.stdout
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith(f"dovecote: {name}="), line
+    assert words in line
+    assert "s3cret" not in line  # a password in the URL is not printed
+
+
+@pytest.mark.parametrize("process", ["release", "web", "worker", "beat"])
+@pytest.mark.parametrize(
+    ("name", "url"), [("DATABASE_URL", "postgres//x"), ("REDIS_URL", "redis:/x")], ids=["database", "redis"]
+)
+def test_every_process_refuses_to_start_with_a_malformed_service_url(process: str, name: str, url: str) -> None:
+    done = subprocess.run(
+        ["bash", "-c", procfile()[process]],
+        cwd=ROOT,
+        env=_malformed_env(name, url),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    # One line, besides gunicorn's own "[time] [pid] [INFO] Starting gunicorn".
+    [line] = [line for line in done.stderr.splitlines() if not line.startswith("[")]
+    assert line.startswith(f"dovecote: {name}={url!r}: ")
