@@ -94,9 +94,19 @@ def base_env(**overrides: str) -> dict[str, str]:
 
 
 def start_worker(env: dict[str, str], *, pool: str = "prefork", concurrency: int = 2, name: str = "worker") -> Process:
+    """A Celery worker on this run's queues, once it is ready; fails the test if it dies first."""
+    proc = launch_worker(env, pool=pool, concurrency=concurrency, name=name)
+    wait_until(lambda: "ready." in proc.log() or not proc.alive(), timeout=30, message="celery worker ready")
+    if not proc.alive():
+        raise AssertionError(f"worker died on start:\n{proc.log()}")
+    return proc
+
+
+def launch_worker(env: dict[str, str], *, pool: str = "prefork", concurrency: int = 2, name: str = "worker") -> Process:
+    """A Celery worker on this run's queues, not waited for: for a test of how it starts."""
     queues = f"{env['DOVECOTE_QUEUE_PREFIX']}dovecote,{env['DOVECOTE_QUEUE_PREFIX']}dovecote.bulk"
     hostname = f"{name}-{os.getpid()}-{time.monotonic_ns()}@%h"
-    proc = Process(
+    return Process(
         name,
         [
             str(VENV_BIN / "celery"),
@@ -119,10 +129,6 @@ def start_worker(env: dict[str, str], *, pool: str = "prefork", concurrency: int
         ],
         env,
     )
-    wait_until(lambda: "ready." in proc.log() or not proc.alive(), timeout=30, message="celery worker ready")
-    if not proc.alive():
-        raise AssertionError(f"worker died on start:\n{proc.log()}")
-    return proc
 
 
 def start_web(env: dict[str, str], *, name: str = "web") -> tuple[Process, str]:
