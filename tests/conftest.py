@@ -18,7 +18,7 @@ from bots.sandbox.client import SandboxClient
 from bots.sandbox.server import SandboxServer
 from bots.services import inbox_router_wakes_flush
 from outbox import publishing, ratelimit
-from tests.support import Process, base_env, point_celery_at, start_web, start_worker
+from tests.support import Process, base_env, point_celery_at, require_tool, start_web, start_worker
 
 _bot_numbers = itertools.count(1)
 
@@ -154,7 +154,12 @@ def broker(request: pytest.FixtureRequest, process_env: dict[str, str]) -> Itera
         with Connection(RABBITMQ_URL, connect_timeout=2) as conn:
             conn.ensure_connection(max_retries=1)
     except Exception as exc:  # any reason RabbitMQ is not there
-        pytest.skip(f"RabbitMQ not reachable at {RABBITMQ_URL} ({exc}); `make services` starts or installs it")
+        require_tool(
+            "RabbitMQ",
+            False,
+            missing=f"is not reachable at {RABBITMQ_URL} ({exc})",
+            install="`make services` installs Debian's rabbitmq-server and starts it",
+        )
     prefix = f"{settings.DOVECOTE_REDIS_PREFIX.rstrip(':')}-{next(_bot_numbers)}."
     queues = [f"{prefix}dovecote", f"{prefix}dovecote.bulk"]
     process_env.update(CELERY_BROKER_URL=RABBITMQ_URL, DOVECOTE_QUEUE_PREFIX=prefix)

@@ -14,14 +14,35 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 # The Authorization header that scrapes /metrics (project/test_settings.py sets the token).
 METRICS_AUTH = {"Authorization": f"Bearer {os.environ.get('DOVECOTE_METRICS_TOKEN', 'test-metrics-token')}"}
+
+
+T = TypeVar("T")
+
+
+def in_ci() -> bool:
+    """CI runs the suite with CI=true (.ci/run's environment, GitHub Actions, GitLab)."""
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+def require_tool(tool: str, found: T, *, install: str, missing: str = "is not installed") -> T:
+    """What looking for a test's tool found (a path, a module, True), given back; when it found
+    nothing, the test stops with one message naming the tool and how to get it: skipped on a
+    developer's machine, failed under CI, where a skip let the run pass with the test never run."""
+    if found:
+        return found
+    message = f"{tool} {missing}: {install}"
+    if in_ci():
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message)
 
 
 def free_port() -> int:
