@@ -24,6 +24,10 @@ threads = int(os.environ.get("WEB_THREADS", "4"))
 graceful_timeout = 20
 # The webhook answers in milliseconds; a request still running after this is stuck.
 timeout = 30
+# gunicorn 25.1+ opens a control socket at one path per user ($XDG_RUNTIME_DIR/gunicorn.ctl or
+# ~/.gunicorn/gunicorn.ctl): a second instance on the host replaced the first's, and the first
+# to stop removed the other's. The platform manages these processes; gunicornc is not used.
+control_socket_disable = True
 
 
 def on_starting(server: object) -> None:

@@ -248,6 +248,8 @@ def main() -> None:
         DOVECOTE_REPLY_DEBOUNCE_SECONDS="0",
     )
     sandbox, url = c.start_sandbox(env)
+    # With DEBUG off a loopback Bot API host is allowed only as TELEGRAM_API_BASE_URL's.
+    env["TELEGRAM_API_BASE_URL"] = url
     try:
         c.setup_database(DB, env)
         add_bot = [str(c.BIN / "python"), "manage.py", "add_bot", "dovecote", "--token", TOKEN]

@@ -4,7 +4,7 @@ A run is interrupted at its consumer's time limit (a failed attempt); its lease 
 renewed by its live worker meanwhile (outbox/workers.py), so the limit may be as long as the
 work needs. `manage.py` commands (`migrate` in the release phase, `runserver`, `check`)
 refuse to run with an error (Django's system checks), and so does a Celery worker
-(`refuse_to_start_worker`).
+(project.failclosed.refuse_to_start_worker runs the same checks).
 """
 
 from __future__ import annotations
@@ -36,11 +36,3 @@ def check_consumer_timeouts(app_configs: Any = None, **kwargs: Any) -> list[chec
         )
         for problem in consumer_timeout_problems()
     ]
-
-
-def refuse_to_start_worker(**kwargs: Any) -> None:
-    """Celery's worker_init: Celery runs Django's checks but ignores their errors, and logs
-    (does not raise) a receiver's exception; SystemExit does stop it."""
-    problems = consumer_timeout_problems()
-    if problems:
-        raise SystemExit("dovecote: refusing to start the worker: " + "; ".join(problems))

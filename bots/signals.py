@@ -6,12 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from celery.signals import task_postrun, task_prerun, worker_init
+from celery.signals import task_postrun, task_prerun
 
-from bots.checks import refuse_to_start_worker
 from outbox.logs import current_trace_id
-
-worker_init.connect(refuse_to_start_worker, dispatch_uid="bots.refuse_to_start_worker")
 
 
 @task_prerun.connect(dispatch_uid="bots.clear_trace_before_task")

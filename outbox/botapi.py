@@ -164,8 +164,9 @@ class DisallowedApiHost(ValueError):
 
 
 def api_host_allowed(url: str) -> bool:
-    """Is this Bot API root on an allowed host? DOVECOTE_BOT_API_HOSTS (Telegram's host and
-    loopback by default) and the host of TELEGRAM_API_BASE_URL, which the operator set."""
+    """Is this Bot API root on an allowed host? DOVECOTE_BOT_API_HOSTS (Telegram's host, and
+    loopback with DEBUG on, by default) and the host of TELEGRAM_API_BASE_URL, which the
+    operator set."""
     return _host_allowed(url, tuple(settings.DOVECOTE_BOT_API_HOSTS), settings.TELEGRAM_API_BASE_URL)
 
 

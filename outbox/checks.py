@@ -1,5 +1,6 @@
 """System checks: configurations that would break a delivery guarantee are refused at start
-(`manage.py check`, and `migrate` in the release phase, run them)."""
+(`manage.py check`, and `migrate` in the release phase, run them; so does a Celery worker's
+start, project.failclosed.refuse_to_start_worker)."""
 
 from __future__ import annotations
 

@@ -3,9 +3,16 @@
 from typing import Any
 
 from celery import Celery
-from celery.signals import task_postrun, task_prerun, worker_process_init, worker_process_shutdown, worker_ready
+from celery.signals import (
+    task_postrun,
+    task_prerun,
+    worker_init,
+    worker_process_init,
+    worker_process_shutdown,
+    worker_ready,
+)
 
-from project.failclosed import load_settings_or_exit
+from project.failclosed import load_settings_or_exit, refuse_to_start_worker
 from project.heap import tune_garbage_collector
 
 load_settings_or_exit()
@@ -13,6 +20,8 @@ load_settings_or_exit()
 app = Celery("project")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+# Dovecote's system checks, which `manage.py check` and `migrate` enforce, stop a worker too.
+worker_init.connect(refuse_to_start_worker, dispatch_uid="project.refuse_to_start_worker")
 
 
 @task_prerun.connect(dispatch_uid="project.close_old_connections_before_task")

@@ -7,7 +7,9 @@ Pure functions of a URL where settings.py needs them (it cannot import Django's 
 from __future__ import annotations
 
 import ssl
+from collections.abc import Collection
 from typing import Any
+from urllib.parse import SplitResult, urlsplit
 
 CERT_REQS = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
 REDIS_SCHEMES = ("redis", "rediss")
@@ -22,6 +24,58 @@ def broker_kind(url: str) -> str:
     if scheme in AMQP_SCHEMES:
         return "amqp"
     return scheme
+
+
+def redacted(url: str) -> str:
+    """The URL with its password as `***`: a message about a bad URL names it, not its secret."""
+    parts = urlsplit(url)
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    if not at or ":" not in userinfo:
+        return url
+    return parts._replace(netloc=f"{userinfo.split(':', 1)[0]}:***@{hosts}").geturl()
+
+
+def _port_problem(parts: SplitResult) -> str:
+    # Each host of the netloc (libpq takes several, comma-separated); an IPv6 host is bracketed.
+    for host in parts.netloc.rpartition("@")[2].split(","):
+        _, colon, port = host.rpartition("]")[2].rpartition(":")
+        if colon and not (port.isdigit() and 1 <= int(port) <= 65535):
+            return f"port {port!r} is not a number from 1 to 65535"
+    return ""
+
+
+def database_url_problem(url: str, schemes: Collection[str]) -> str:
+    """What makes a DATABASE_URL unusable, in a few words; "" when nothing does. Asked before
+    django-environ parses it: its parser answers a URL without a scheme with a KeyError and a
+    bad port with a bare ValueError, and takes an unknown scheme for a backend's name that
+    Django fails to import at the first query."""
+    parts = urlsplit(url)
+    if not parts.scheme:
+        return "not a URL (postgres://user:password@host:5432/name)"
+    if parts.scheme.lower() not in schemes:
+        return f"unknown database scheme {parts.scheme!r} (postgres://, or sqlite:// in development)"
+    if "sqlite" in parts.scheme.lower() or parts.scheme.lower() == "spatialite":
+        return ""  # a file's path, or :memory:
+    if not parts.path.strip("/"):
+        return "names no database (postgres://user:password@host:5432/name)"
+    return _port_problem(parts)
+
+
+def redis_url_problem(url: str) -> str:
+    """What makes a REDIS_URL unusable, in a few words; "" when nothing does. Without this,
+    `check` passed and every Redis client failed at its first connection, a worker logging a
+    traceback per attempt."""
+    parts = urlsplit(url)
+    if not parts.scheme:
+        return "not a URL (redis://host:6379/0)"
+    if parts.scheme.lower() not in REDIS_SCHEMES:
+        return f"the scheme must be redis:// or rediss://, not {parts.scheme}://"
+    if not parts.hostname:
+        return "no host (redis://host:6379/0)"
+    database = parts.path.strip("/")
+    if database and not database.isdigit():
+        return f"database number {database!r} is not an integer"
+    return _port_problem(parts)
 
 
 def redis_ssl_options(url: str, cert_reqs: str) -> dict[str, Any]:

@@ -1,9 +1,11 @@
 """Start-up in production: the settings refuse to load without the variables they need
 (project/settings.py); every process entry point reports that as one line and exits,
-before it serves, consumes or schedules anything."""
+before it serves, consumes or schedules anything. A worker also refuses to start on an
+error of Dovecote's system checks (refuse_to_start_worker), as `manage.py` commands do."""
 
 import os
 import sys
+from typing import Any
 
 
 def load_settings_or_exit() -> None:
@@ -17,3 +19,22 @@ def load_settings_or_exit() -> None:
         settings.INSTALLED_APPS  # noqa: B018 - the access loads the settings module
     except ImproperlyConfigured as exc:
         sys.exit(f"dovecote: {exc}")
+
+
+def refuse_to_start_worker(**kwargs: Any) -> None:
+    """Celery's worker_init: Dovecote's own system checks (tag "dovecote": a consumer's time
+    limit below its lease, a send lease longer than a send) as `manage.py check` and so
+    `migrate` run them, their errors in one line. Celery runs Django's checks at start but
+    ignores their errors, and logs (does not raise) a receiver's exception; SystemExit does
+    stop it."""
+    from django.apps import apps
+    from django.core import checks
+
+    if not apps.ready:  # Celery's Django fixup sets Django up on this same signal, first
+        import django
+
+        django.setup()
+    errors = [message for message in checks.run_checks(tags=["dovecote"]) if message.is_serious()]
+    if errors:
+        found = "; ".join(f"({message.id}) {message.msg.rstrip('.')}" for message in errors)
+        raise SystemExit(f"dovecote: refusing to start the worker: {found}.")

@@ -5,12 +5,14 @@ configuration at all: SQLite and Celery's file broker under var/. In production
 (DEBUG off) SECRET_KEY and ALLOWED_HOSTS are required.
 """
 
+import functools
+from collections.abc import Callable
 from pathlib import Path
 
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
-from project.connections import broker_kind, redis_ssl_options
+from project.connections import broker_kind, database_url_problem, redacted, redis_ssl_options, redis_url_problem
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
@@ -42,6 +44,17 @@ def _required_in_production(*names: str) -> None:
         raise ImproperlyConfigured(
             f"{', '.join(missing)} must be set when DEBUG is off (DEBUG=1 uses development defaults)."
         )
+
+
+def _service_url(name: str, problem: Callable[[str], str], default: str = "") -> str:
+    """A service's URL from the environment. One its clients cannot use (a typo, a bad port)
+    stops the process at start with one line naming it, as a missing one does, rather than a
+    parser's traceback or a first connection failing long after `check` passed."""
+    url = env.str(name, default=default)
+    wrong = problem(url) if url else ""
+    if wrong:
+        raise ImproperlyConfigured(f"{name}={redacted(url)!r}: {wrong}.")
+    return url
 
 
 if DEBUG:
@@ -120,7 +133,15 @@ WSGI_APPLICATION = "project.wsgi.application"
 # --- Database -------------------------------------------------------------------------
 # SQLite is the zero-install default for the demo. Measured here: without IMMEDIATE
 # transactions, 37-72 % of read-then-write Celery tasks died with "database is locked".
-DATABASES = {"default": env.db_url("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'dovecote.sqlite3'}")}
+DATABASES = {
+    "default": env.db_url_config(
+        _service_url(
+            "DATABASE_URL",
+            functools.partial(database_url_problem, schemes=env.DB_SCHEMES),
+            default=f"sqlite:///{VAR_DIR / 'dovecote.sqlite3'}",
+        )
+    )
+}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["OPTIONS"] = {
         "transaction_mode": "IMMEDIATE",
@@ -188,7 +209,7 @@ STORAGES = {
 WHITENOISE_USE_FINDERS = DEBUG
 
 # --- Celery: at-least-once delivery, the database is the record ------------------------
-REDIS_URL = env.str("REDIS_URL", default="")
+REDIS_URL = _service_url("REDIS_URL", redis_url_problem)
 # `rediss://` (Heroku Redis): how the server's certificate is checked, for every Redis client
 # (broker, limiter, drain, sweeper, /readyz): none | optional | required. Heroku's is self-signed.
 REDIS_SSL_CERT_REQS = env.str("REDIS_SSL_CERT_REQS", default="required").lower()
@@ -262,9 +283,12 @@ CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 # --- Dovecote -------------------------------------------------------------------------
 # /metrics requires `Authorization: Bearer <token>`; with DEBUG off and no token it answers 403.
 DOVECOTE_METRICS_TOKEN = env.str("DOVECOTE_METRICS_TOKEN", default="")
-# Hosts a bot's api_base_url may point to: every request carries the bot's token.
+# Hosts a bot's api_base_url may point to (with TELEGRAM_API_BASE_URL's): every request carries
+# the bot's token. Loopback only in development by default: in production whatever else
+# listens on the host would be handed the token; a local Bot API server is named explicitly.
 DOVECOTE_BOT_API_HOSTS = env.list(
-    "DOVECOTE_BOT_API_HOSTS", default=["api.telegram.org", "127.0.0.1", "localhost", "::1"]
+    "DOVECOTE_BOT_API_HOSTS",
+    default=["api.telegram.org", "127.0.0.1", "localhost", "::1"] if DEBUG else ["api.telegram.org"],
 )
 TELEGRAM_API_BASE_URL = env.str("TELEGRAM_API_BASE_URL", default="https://api.telegram.org")
 DOVECOTE_WEBHOOK_MAX_BYTES = env.int("DOVECOTE_WEBHOOK_MAX_BYTES", default=1_048_576)

@@ -1,8 +1,9 @@
 """Settings for the test suite: real PostgreSQL and Redis on this machine.
 
 Defaults only: DATABASE_URL / REDIS_URL from the environment still win. Each test run gets
-its own test database and its own Redis key prefix (inherited by the workers it starts), so
-two runs on one machine - a developer's and CI's - never consume each other's tasks.
+its own test database and its own Redis key and queue prefixes (inherited by the workers it
+starts), so two runs on one machine - a developer's and CI's - never consume each other's
+tasks, and the fixtures that empty the run's keys never reach a deployment's.
 """
 
 import os
@@ -11,8 +12,15 @@ os.environ.setdefault("DEBUG", "1")
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/dovecote")
 os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/15")
 os.environ.setdefault("DOVECOTE_TEST_RUN_ID", str(os.getpid()))
-os.environ.setdefault("DOVECOTE_REDIS_PREFIX", f"test{os.environ['DOVECOTE_TEST_RUN_ID']}:")
-os.environ.setdefault("DOVECOTE_QUEUE_PREFIX", "test.")
+# Never the environment's: tests/conftest.py deletes every key under the run's prefix, and a
+# prefix exported for a deployment would name its live keys. The one queue prefix taken is one
+# of the run's own: the RabbitMQ fixture's `test<run>-<n>.`, one test's queues, for its workers.
+os.environ["DOVECOTE_REDIS_PREFIX"] = f"test{os.environ['DOVECOTE_TEST_RUN_ID']}:"
+os.environ["DOVECOTE_QUEUE_PREFIX"] = (
+    os.environ.get("DOVECOTE_QUEUE_PREFIX", "")
+    if os.environ.get("DOVECOTE_QUEUE_PREFIX", "").startswith(f"test{os.environ['DOVECOTE_TEST_RUN_ID']}-")
+    else f"test{os.environ['DOVECOTE_TEST_RUN_ID']}."
+)
 os.environ.setdefault("DOVECOTE_REPLY_DEBOUNCE_SECONDS", "0")
 # Unit tests drive each hop (route, run, send) themselves; the process tests turn it on.
 os.environ.setdefault("DOVECOTE_INLINE_WORK", "0")

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Make sure PostgreSQL, Redis and RabbitMQ run on 127.0.0.1 for `make test`: install them from
-# Debian's packages when missing (as root), start them when installed but stopped; install
-# PgBouncer when missing (its test starts its own). Never stops anything. RabbitMQ is
-# optional: if it cannot be started, the tests on it are skipped (saying so).
+# Debian's packages when missing (as root), start them when installed but stopped; install the
+# tools single tests run themselves (PgBouncer, Prometheus, Chromium, redis-server and openssl
+# for the TLS test) when missing. Never stops anything. Without RabbitMQ or one of those tools
+# its tests are skipped, saying why (tests.support.require_tool); under CI (CI=true) this
+# script fails instead, naming them, and so would those tests.
 set -euo pipefail
 
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else "$@"; fi; }
@@ -65,19 +67,26 @@ if ! rabbit_up; then
     as_root /etc/init.d/rabbitmq-server start >/dev/null 2>&1 || as_root rabbitmq-server -detached || true
     for _ in $(seq 1 60); do rabbit_up && break; sleep 1; done
   fi
-  rabbit_up || echo "services: RabbitMQ did not start; the tests on RabbitMQ will be skipped" >&2
+  rabbit_up || echo "services: RabbitMQ did not start" >&2
+fi
+
+# The TLS test (tests/test_redis_tls.py) runs a redis-server of its own, with a certificate
+# openssl makes: both binaries are needed even where Redis itself runs on another host.
+if ! command -v redis-server >/dev/null || ! command -v openssl >/dev/null; then
+  echo "services: installing redis-server and openssl for the TLS Redis test"
+  apt_install redis-server openssl || echo "services: redis-server or openssl could not be installed" >&2
 fi
 
 # The PgBouncer test (tests/e2e/test_pgbouncer.py) starts its own pgbouncer on a free port.
 if ! command -v pgbouncer >/dev/null && [ ! -x /usr/sbin/pgbouncer ]; then
   echo "services: installing PgBouncer for the transaction-pooling test"
-  apt_install pgbouncer || echo "services: PgBouncer could not be installed; its test will be skipped" >&2
+  apt_install pgbouncer || echo "services: PgBouncer could not be installed" >&2
 fi
 
 # The browser test drives Debian's Chromium (Playwright's own browser download is not reachable).
 if [ ! -x /usr/bin/chromium ]; then
   echo "services: installing Chromium for the browser test"
-  apt_install chromium || echo "services: Chromium could not be installed; the browser test will be skipped" >&2
+  apt_install chromium || echo "services: Chromium could not be installed" >&2
 fi
 
 # The alert rules are checked by promtool, and the monitoring e2e test runs a real Prometheus:
@@ -85,5 +94,24 @@ fi
 # service may start on :9090; the tests run their own on a free port.
 if ! command -v promtool >/dev/null || ! command -v prometheus >/dev/null; then
   echo "services: installing Prometheus (promtool) for the alert rule tests"
-  apt_install --no-install-recommends prometheus || echo "services: Prometheus could not be installed; the alert tests will be skipped" >&2
+  apt_install --no-install-recommends prometheus || echo "services: Prometheus could not be installed" >&2
+fi
+
+# What those tests find, after the installs above (README's "Tests" has the table).
+pgbouncer_here() { command -v pgbouncer || [ -x /usr/sbin/pgbouncer ]; }
+missing=()
+have() { local tool=$1; shift; "$@" >/dev/null 2>&1 || missing+=("$tool"); }
+have RabbitMQ rabbit_up
+have redis-server command -v redis-server
+have openssl command -v openssl
+have pgbouncer pgbouncer_here
+have chromium test -x /usr/bin/chromium
+have promtool command -v promtool
+have prometheus command -v prometheus
+if [ "${#missing[@]}" -gt 0 ]; then
+  if [[ "${CI:-}" =~ ^(1|[Tt][Rr][Uu][Ee]|[Yy][Ee][Ss])$ ]]; then
+    echo "services: not available: ${missing[*]}; under CI=true a test is never skipped for want of a tool" >&2
+    exit 1
+  fi
+  echo "services: not available: ${missing[*]}; the tests that need them will be skipped" >&2
 fi

@@ -18,7 +18,7 @@ from bots.sandbox.client import SandboxClient
 from bots.sandbox.server import SandboxServer
 from bots.services import inbox_router_wakes_flush
 from outbox import publishing, ratelimit
-from tests.support import Process, base_env, point_celery_at, start_web, start_worker
+from tests.support import Process, base_env, point_celery_at, require_tool, start_web, start_worker
 
 _bot_numbers = itertools.count(1)
 
@@ -92,7 +92,6 @@ def process_env(transactional_db: None, sandbox_server: SandboxServer) -> dict[s
     return base_env(
         DATABASE_URL=f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
         REDIS_URL=settings.REDIS_URL,
-        DOVECOTE_QUEUE_PREFIX="test.",
         TELEGRAM_API_BASE_URL=sandbox_server.base_url,
         DOVECOTE_REPLY_DEBOUNCE_SECONDS="0",
         DOVECOTE_INLINE_WORK="1",
@@ -120,34 +119,6 @@ def web(process_env: dict[str, str], processes: list[Process]) -> str:
     proc, url = start_web(process_env)
     processes.append(proc)
     return url
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _drop_databases_of_dead_runs(django_db_blocker) -> None:
-    """Each run has its own test database, test_dovecote_<pid>; a run that was killed
-    leaves its database behind. Drop those whose process is gone."""
-    import os
-
-    import psycopg
-
-    db = connection.settings_dict
-    with (
-        django_db_blocker.unblock(),
-        psycopg.connect(
-            host=db["HOST"], port=db["PORT"] or 5432, user=db["USER"], dbname="postgres", autocommit=True
-        ) as conn,
-    ):
-        names = [row[0] for row in conn.execute("SELECT datname FROM pg_database WHERE datname LIKE 'test_dovecote_%'")]
-        for name in names:
-            pid = name.removeprefix("test_dovecote_")
-            if not pid.isdigit() or int(pid) == os.getpid():
-                continue
-            try:
-                os.kill(int(pid), 0)
-            except ProcessLookupError:
-                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            except PermissionError:
-                pass  # alive, someone else's
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -183,7 +154,12 @@ def broker(request: pytest.FixtureRequest, process_env: dict[str, str]) -> Itera
         with Connection(RABBITMQ_URL, connect_timeout=2) as conn:
             conn.ensure_connection(max_retries=1)
     except Exception as exc:  # any reason RabbitMQ is not there
-        pytest.skip(f"RabbitMQ not reachable at {RABBITMQ_URL} ({exc}); `make services` starts or installs it")
+        require_tool(
+            "RabbitMQ",
+            False,
+            missing=f"is not reachable at {RABBITMQ_URL} ({exc})",
+            install="`make services` installs Debian's rabbitmq-server and starts it",
+        )
     prefix = f"{settings.DOVECOTE_REDIS_PREFIX.rstrip(':')}-{next(_bot_numbers)}."
     queues = [f"{prefix}dovecote", f"{prefix}dovecote.bulk"]
     process_env.update(CELERY_BROKER_URL=RABBITMQ_URL, DOVECOTE_QUEUE_PREFIX=prefix)

@@ -14,14 +14,35 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 # The Authorization header that scrapes /metrics (project/test_settings.py sets the token).
 METRICS_AUTH = {"Authorization": f"Bearer {os.environ.get('DOVECOTE_METRICS_TOKEN', 'test-metrics-token')}"}
+
+
+T = TypeVar("T")
+
+
+def in_ci() -> bool:
+    """CI runs the suite with CI=true (.ci/run's environment, GitHub Actions, GitLab)."""
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+def require_tool(tool: str, found: T, *, install: str, missing: str = "is not installed") -> T:
+    """What looking for a test's tool found (a path, a module, True), given back; when it found
+    nothing, the test stops with one message naming the tool and how to get it: skipped on a
+    developer's machine, failed under CI, where a skip let the run pass with the test never run."""
+    if found:
+        return found
+    message = f"{tool} {missing}: {install}"
+    if in_ci():
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message)
 
 
 def free_port() -> int:
@@ -94,9 +115,19 @@ def base_env(**overrides: str) -> dict[str, str]:
 
 
 def start_worker(env: dict[str, str], *, pool: str = "prefork", concurrency: int = 2, name: str = "worker") -> Process:
+    """A Celery worker on this run's queues, once it is ready; fails the test if it dies first."""
+    proc = launch_worker(env, pool=pool, concurrency=concurrency, name=name)
+    wait_until(lambda: "ready." in proc.log() or not proc.alive(), timeout=30, message="celery worker ready")
+    if not proc.alive():
+        raise AssertionError(f"worker died on start:\n{proc.log()}")
+    return proc
+
+
+def launch_worker(env: dict[str, str], *, pool: str = "prefork", concurrency: int = 2, name: str = "worker") -> Process:
+    """A Celery worker on this run's queues, not waited for: for a test of how it starts."""
     queues = f"{env['DOVECOTE_QUEUE_PREFIX']}dovecote,{env['DOVECOTE_QUEUE_PREFIX']}dovecote.bulk"
     hostname = f"{name}-{os.getpid()}-{time.monotonic_ns()}@%h"
-    proc = Process(
+    return Process(
         name,
         [
             str(VENV_BIN / "celery"),
@@ -119,10 +150,6 @@ def start_worker(env: dict[str, str], *, pool: str = "prefork", concurrency: int
         ],
         env,
     )
-    wait_until(lambda: "ready." in proc.log() or not proc.alive(), timeout=30, message="celery worker ready")
-    if not proc.alive():
-        raise AssertionError(f"worker died on start:\n{proc.log()}")
-    return proc
 
 
 def start_web(env: dict[str, str], *, name: str = "web") -> tuple[Process, str]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import runpy
+import socket
 import subprocess
 
 import httpx
@@ -281,3 +282,154 @@ def test_behind_a_transaction_pooler_no_session_state_is_used_whatever_the_url_a
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == expected
+
+
+def test_two_web_processes_on_one_host_both_serve_and_leave_each_others_control_socket(
+    tmp_path, processes: list[Process]
+) -> None:
+    # gunicorn 25.1+ opens a control socket at $XDG_RUNTIME_DIR/gunicorn.ctl by default: each
+    # instance unlinked what was there and bound its own, and the first to stop removed the
+    # path another was still using. A socket of someone else's sits where that default points.
+    runtime = tmp_path / "run"
+    runtime.mkdir()
+    path = runtime / "gunicorn.ctl"
+    theirs = socket.socket(socket.AF_UNIX)
+    theirs.bind(str(path))
+    theirs.listen()
+    inode = path.stat().st_ino
+    env = platform_env(DEBUG="1", WEB_CONCURRENCY="1", XDG_RUNTIME_DIR=str(runtime), HOME=str(tmp_path))
+    urls = []
+    for name in ("web-a", "web-b"):
+        port = free_port()
+        processes.append(Process(name, ["bash", "-c", procfile()["web"]], {**env, "PORT": str(port)}))
+        urls.append(f"http://127.0.0.1:{port}")
+
+    def serving(url: str) -> bool:
+        try:
+            return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    for url in urls:
+        wait_until(lambda url=url: serving(url), timeout=30, message=f"{url} to serve")
+    for proc in processes:
+        proc.stop()
+
+    assert sorted(p.name for p in tmp_path.rglob("*.ctl")) == ["gunicorn.ctl"]
+    assert path.stat().st_ino == inode
+    with socket.socket(socket.AF_UNIX) as client:
+        client.connect(str(path))  # still the one its owner listens on
+    theirs.close()
+
+
+_API_HOSTS = (
+    "import json, django; django.setup(); from outbox.botapi import api_host_allowed;"
+    " urls = ['https://api.telegram.org', 'http://127.0.0.1:8081', 'http://localhost:8081', 'http://[::1]:8081',"
+    " 'http://10.1.2.3:8081'];"
+    " print(json.dumps([url for url in urls if api_host_allowed(url)]))"
+)
+
+
+@pytest.mark.parametrize(
+    ("environment", "allowed"),
+    [
+        # Production: Telegram only; a loopback Bot API server must be named.
+        ({"DEBUG": "0"}, ["https://api.telegram.org"]),
+        (
+            {"DEBUG": "0", "TELEGRAM_API_BASE_URL": "http://10.1.2.3:8081"},
+            ["https://api.telegram.org", "http://10.1.2.3:8081"],
+        ),
+        (
+            {"DEBUG": "0", "DOVECOTE_BOT_API_HOSTS": "api.telegram.org,localhost"},
+            ["https://api.telegram.org", "http://localhost:8081"],
+        ),
+        # Development: the sandbox and a local Bot API server on loopback, by any of its names.
+        (
+            {"DEBUG": "1"},
+            ["https://api.telegram.org", "http://127.0.0.1:8081", "http://localhost:8081", "http://[::1]:8081"],
+        ),
+    ],
+)
+def test_loopback_bot_api_hosts_are_allowed_by_default_only_with_debug_on(environment: dict, allowed: list) -> None:
+    # Every Bot API request carries the bot's token: in production a bot's api_base_url on
+    # loopback could hand it to whatever else listens on the host.
+    env = platform_env(
+        DATABASE_URL="postgres://postgres@127.0.0.1:5432/never-used", REDIS_URL="redis://127.0.0.1:6379/15"
+    )
+    for name in ("DOVECOTE_BOT_API_HOSTS", "TELEGRAM_API_BASE_URL"):
+        env.pop(name, None)
+    env.update(environment)
+    done = subprocess.run(
+        [str(VENV_BIN / "python"), "-c", _API_HOSTS], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == allowed
+
+
+# A URL the settings cannot use, and the words of the one line that says what is wrong with it.
+MALFORMED_URLS = [
+    ("DATABASE_URL", "postgres//x", "DATABASE_URL='postgres//x': not a URL"),
+    ("DATABASE_URL", "notaurl", "DATABASE_URL='notaurl': not a URL"),
+    ("DATABASE_URL", "http://db.example.com/dovecote", "unknown database scheme 'http'"),
+    (
+        "DATABASE_URL",
+        "postgres://dove:s3cret@db.example.com:99999/dovecote",
+        "port '99999' is not a number from 1 to 65535",
+    ),
+    ("DATABASE_URL", "postgres://dove@db.example.com:five/dovecote", "port 'five' is not a number from 1 to 65535"),
+    ("DATABASE_URL", "postgres://dove@db.example.com/", "names no database"),
+    ("REDIS_URL", "redis:/x", "REDIS_URL='redis:/x': no host"),
+    ("REDIS_URL", "notaurl", "REDIS_URL='notaurl': not a URL"),
+    ("REDIS_URL", "http://redis.example.com:6379/0", "the scheme must be redis:// or rediss://"),
+    ("REDIS_URL", "redis://:s3cret@redis.example.com:70000/0", "port '70000' is not a number from 1 to 65535"),
+    ("REDIS_URL", "redis://redis.example.com:6379/zero", "database number 'zero' is not an integer"),
+]
+
+
+def _malformed_env(name: str, url: str) -> dict[str, str]:
+    env = platform_env(
+        PORT=str(free_port()),
+        DATABASE_URL="postgres://postgres@127.0.0.1:5432/never-used",
+        REDIS_URL="redis://127.0.0.1:6379/15",
+    )
+    env.pop("CELERY_BROKER_URL", None)
+    env[name] = url
+    return env
+
+
+@pytest.mark.parametrize(("name", "url", "words"), MALFORMED_URLS)
+def test_check_refuses_a_malformed_service_url_in_one_line_naming_it(name: str, url: str, words: str) -> None:
+    # Before: a KeyError traceback from the database URL's parser, or (for REDIS_URL) a check
+    # that passed and a worker that logged a traceback per connection attempt.
+    done = subprocess.run(
+        [str(VENV_BIN / "python"), "manage.py", "check"],
+        cwd=ROOT,
+        env=_malformed_env(name, url),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1, done.stdout
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith(f"dovecote: {name}="), line
+    assert words in line
+    assert "s3cret" not in line  # a password in the URL is not printed
+
+
+@pytest.mark.parametrize("process", ["release", "web", "worker", "beat"])
+@pytest.mark.parametrize(
+    ("name", "url"), [("DATABASE_URL", "postgres//x"), ("REDIS_URL", "redis:/x")], ids=["database", "redis"]
+)
+def test_every_process_refuses_to_start_with_a_malformed_service_url(process: str, name: str, url: str) -> None:
+    done = subprocess.run(
+        ["bash", "-c", procfile()[process]],
+        cwd=ROOT,
+        env=_malformed_env(name, url),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    # One line, besides gunicorn's own "[time] [pid] [INFO] Starting gunicorn".
+    [line] = [line for line in done.stderr.splitlines() if not line.startswith("[")]
+    assert line.startswith(f"dovecote: {name}={url!r}: ")

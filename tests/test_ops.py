@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from tests.support import METRICS_AUTH
+from tests.support import METRICS_AUTH, Process, launch_worker, wait_until
 
 pytestmark = pytest.mark.django_db
 
@@ -96,6 +96,22 @@ def test_a_send_lease_shorter_than_a_send_is_refused_by_the_system_check() -> No
         call_command("check", "--tag", "dovecote")
     with override_settings(DOVECOTE_SEND_LEASE_SECONDS=30, DOVECOTE_TELEGRAM_READ_TIMEOUT=5):
         call_command("check", "--tag", "dovecote")
+
+
+@pytest.mark.e2e
+def test_a_worker_refuses_to_start_with_a_send_lease_shorter_than_a_send(
+    process_env: dict[str, str], processes: list[Process]
+) -> None:
+    # `migrate` refuses it, but the worker is what holds the lease: it started and sent anyway.
+    worker = launch_worker({**process_env, "DOVECOTE_SEND_LEASE_SECONDS": "30"}, name="worker-short-lease")
+    processes.append(worker)
+
+    wait_until(lambda: not worker.alive() or "ready." in worker.log(), timeout=30, message="the worker to exit")
+    assert worker.proc.poll() == 1, worker.log()
+    [line] = [line for line in worker.log().splitlines() if "DOVECOTE_SEND_LEASE_SECONDS" in line]
+    assert line.startswith("dovecote: refusing to start the worker: (dovecote.E001) DOVECOTE_SEND_LEASE_SECONDS=30 ")
+    assert "ready." not in worker.log()
+    assert "Traceback" not in worker.log()
 
 
 @pytest.mark.parametrize(

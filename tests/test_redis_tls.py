@@ -15,14 +15,14 @@ from django.core.management import call_command
 from django.test import Client
 
 from outbox.models import OutboundMessage, State
-from tests.support import Process, free_port, start_web, start_worker, wait_until
+from tests.support import Process, free_port, require_tool, start_web, start_worker, wait_until
 
 
 @pytest.fixture(scope="module")
 def tls_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A redis-server with only a TLS port and a self-signed certificate for localhost."""
-    if not shutil.which("redis-server") or not shutil.which("openssl"):
-        pytest.skip("redis-server or openssl missing")
+    require_tool("redis-server", shutil.which("redis-server"), install="`make services` installs Debian's redis-server")
+    require_tool("openssl", shutil.which("openssl"), install="`make services` installs Debian's openssl")
     tmp: Path = tmp_path_factory.mktemp("tls-redis")
     cert, key = tmp / "cert.pem", tmp / "key.pem"
     subprocess.run(
@@ -75,8 +75,13 @@ def tls_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     )
     try:
         wait_until(lambda: "Ready to accept connections" in proc.log() or not proc.alive(), timeout=10)
-        if not proc.alive():  # a build without TLS refuses --tls-port (Debian's has it)
-            pytest.skip(f"redis-server without TLS support:\n{proc.log()}")
+        # A build without TLS refuses --tls-port (Debian's has it).
+        require_tool(
+            "redis-server",
+            proc.alive(),
+            missing=f"did not start with a TLS port ({proc.log().strip()[-300:]})",
+            install="`make services` installs Debian's redis-server, built with TLS",
+        )
         yield f"rediss://127.0.0.1:{port}/0"
     finally:
         proc.stop()

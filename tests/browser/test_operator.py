@@ -20,6 +20,7 @@ from outbox.models import Attempt, DeadLetter, DeadLetterStatus, ErrorClass, Out
 from reconciliation.models import AuditEntry
 from tests.reconciliation.factories import message_row, stored_update
 from tests.reconciliation.triage_helpers import failed_row, persona
+from tests.support import require_tool
 
 pytestmark = [pytest.mark.browser]
 
@@ -41,9 +42,12 @@ def page(monkeypatch):
     # Playwright's sync API keeps an event loop in this thread; the test's own ORM calls are
     # ordinary synchronous ones, so Django's async guard is lifted for this test only.
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    sync_api = pytest.importorskip("playwright.sync_api")
-    if not os.path.exists(CHROMIUM):
-        pytest.skip("Debian's chromium is not installed (make test installs it)")
+    try:
+        from playwright import sync_api
+    except ImportError:
+        sync_api = None
+    require_tool("playwright", sync_api, install="`make test` installs requirements-dev.txt")
+    require_tool("chromium", os.path.exists(CHROMIUM), install="`make services` installs Debian's chromium")
     with sync_api.sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
         context = browser.new_context(viewport={"width": 1280, "height": 900})

@@ -25,7 +25,7 @@ from django.utils import timezone
 from outbox.models import OutboundMessage, State
 from reconciliation.models import SweeperLease
 from tests.reconciliation.factories import message_row
-from tests.support import Process, free_port, start_web, start_worker, wait_until
+from tests.support import Process, free_port, require_tool, start_web, start_worker, wait_until
 
 pytestmark = [pytest.mark.e2e]
 
@@ -35,8 +35,7 @@ PGBOUNCER = shutil.which("pgbouncer") or ("/usr/sbin/pgbouncer" if os.path.exist
 @pytest.fixture
 def pgbouncer(transactional_db: None, processes: list[Process]) -> Iterator[int]:
     """A pgbouncer in transaction mode on a free port in front of the test's PostgreSQL."""
-    if PGBOUNCER is None:
-        pytest.skip("pgbouncer is not installed (scripts/services.sh installs it)")
+    pgbouncer = require_tool("pgbouncer", PGBOUNCER, install="`make services` installs Debian's pgbouncer")
     db = connection.settings_dict
     port = free_port()
     tmp = Path(tempfile.mkdtemp(prefix="dovecote-pgbouncer-"))
@@ -62,7 +61,7 @@ ignore_startup_parameters = extra_float_digits,options
     os.chmod(tmp, 0o755)
     # PgBouncer refuses to run as root.
     user = ["-u", "nobody"] if os.geteuid() == 0 else []
-    proc = Process("pgbouncer", [PGBOUNCER, *user, str(tmp / "pgbouncer.ini")], dict(os.environ))
+    proc = Process("pgbouncer", [pgbouncer, *user, str(tmp / "pgbouncer.ini")], dict(os.environ))
     processes.append(proc)
 
     def up() -> bool:

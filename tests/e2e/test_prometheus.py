@@ -15,14 +15,9 @@ import pytest
 
 from outbox.models import OutboundMessage, State
 from outbox.services import outbound_message_enqueue
-from tests.support import METRICS_AUTH, Process, free_port, start_web, start_worker, wait_until
+from tests.support import METRICS_AUTH, Process, free_port, require_tool, start_web, start_worker, wait_until
 
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.skipif(
-        shutil.which("prometheus") is None, reason="prometheus not installed (apt-get install prometheus)"
-    ),
-]
+pytestmark = [pytest.mark.e2e]
 
 ALERTS = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "alerts.yml"
 
@@ -32,7 +27,15 @@ def _fast_rules(path: Path) -> None:
     path.write_text(re.sub(r"(?m)^(\s+)for: \S+$", r"\1for: 5s", ALERTS.read_text()))
 
 
-def _start_prometheus(tmp_path: Path, target: str) -> tuple[Process, str]:
+@pytest.fixture
+def prometheus_binary() -> str:
+    """Asked first, so that a missing Prometheus stops the test before its processes start."""
+    return require_tool(
+        "prometheus", shutil.which("prometheus"), install="`make services` installs Debian's prometheus"
+    )
+
+
+def _start_prometheus(binary: str, tmp_path: Path, target: str) -> tuple[Process, str]:
     _fast_rules(tmp_path / "alerts.yml")
     token = METRICS_AUTH["Authorization"].removeprefix("Bearer ")
     (tmp_path / "prometheus.yml").write_text(
@@ -51,7 +54,7 @@ scrape_configs:
     proc = Process(
         "prometheus",
         [
-            shutil.which("prometheus") or "prometheus",
+            binary,
             f"--config.file={tmp_path / 'prometheus.yml'}",
             f"--storage.tsdb.path={tmp_path / 'data'}",
             f"--web.listen-address=127.0.0.1:{port}",
@@ -78,13 +81,13 @@ def _alerts(url: str) -> dict[str, str]:
 
 
 def test_a_502_outage_fires_the_provider_error_alert_in_a_real_prometheus(
-    process_env: dict, processes: list, sandbox, bot_factory, tmp_path: Path
+    prometheus_binary: str, process_env: dict, processes: list, sandbox, bot_factory, tmp_path: Path
 ) -> None:
     env = {**process_env, "DOVECOTE_RETRY_MAX_SECONDS": "3"}
     web, web_url = start_web(env)
     processes.append(web)
     processes.append(start_worker(env))
-    prometheus, prom_url = _start_prometheus(tmp_path, web_url.removeprefix("http://"))
+    prometheus, prom_url = _start_prometheus(prometheus_binary, tmp_path, web_url.removeprefix("http://"))
     processes.append(prometheus)
     bot = bot_factory()
 
