@@ -424,6 +424,12 @@ def acquire(
 # one after another, with two round trips fewer. Per send: {kind, seconds} with kind 'go'
 # (in the window, its gate taken), 'slot' (a later slot reserved), 'full' (its slot is now
 # but the window is full), 'chat' (its chat is busy), 'none' (no slot within the horizon).
+#
+# Bulk sends (ARGV[6] = '1', a broadcast's) come after everyone else: they take slots only
+# while none is booked ahead - a booked slot is a reply waiting for it - and answer 'busy'
+# for all otherwise; each one's window entry is taken with its slot, so that all of them
+# may go at once (an entry taken early only holds the window longer), and a full window
+# books nothing.
 _TAKE_NOW_LUA = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
@@ -431,14 +437,16 @@ local paused = redis.call('GET', KEYS[1])
 if paused and tonumber(paused) > now then return {'paused', tostring(tonumber(paused) - now)} end
 local interval, horizon = tonumber(ARGV[1]), tonumber(ARGV[2])
 local rate, longest, tolerance = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local bulk = ARGV[6] == '1'
 local nxt = tonumber(redis.call('GET', KEYS[2]) or '0')
+if bulk and nxt > now + tolerance then return {'busy', tostring(nxt - now)} end
 if nxt < now then nxt = now end
 local reserved, entered = false, false
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
 local count = redis.call('ZCARD', KEYS[3])
 local out, gate = {}, 3
-for i = 0, tonumber(ARGV[6]) - 1 do
-  local period, id = tonumber(ARGV[7 + 2 * i]), ARGV[8 + 2 * i]
+for i = 0, tonumber(ARGV[7]) - 1 do
+  local period, id = tonumber(ARGV[8 + 2 * i]), ARGV[9 + 2 * i]
   local key = nil
   if period > 0 then gate = gate + 1; key = KEYS[gate] end
   local left = key and redis.call('PTTL', key) or -2
@@ -447,10 +455,13 @@ for i = 0, tonumber(ARGV[6]) - 1 do
     out[#out + 1] = 'chat'; out[#out + 1] = tostring(math.min(left, period) / 1000)
   elseif delay > horizon then
     out[#out + 1] = 'none'; out[#out + 1] = tostring(delay)
+  elseif bulk and count >= rate then
+    local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+    out[#out + 1] = 'full'; out[#out + 1] = tostring(tonumber(first[2]) - now)
   else
     nxt = nxt + interval
     reserved = true
-    if delay > tolerance then
+    if delay > tolerance and not bulk then
       out[#out + 1] = 'slot'; out[#out + 1] = tostring(delay)
     elseif count >= rate then
       local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
@@ -487,11 +498,17 @@ class Turn:
     entry: Entry | None = None
 
 
-def take_now(bot_id: int, rate: int, chat_ids: list[int | None], *, horizon: float) -> list[Turn] | None:
+def take_now(
+    bot_id: int, rate: int, chat_ids: list[int | None], *, horizon: float, bulk: bool = False
+) -> list[Turn] | None:
     """Each send's turn, in one round trip: what `chat_waits`, `reserve_slots` and a send's
     `acquire` at its slot answer one after another. None when that takes the calls one by
     one: without Redis, with the limiter off, or for a chat with a moving window (a group's
-    20/min, kept by `limits`)."""
+    20/min, kept by `limits`).
+
+    `bulk` (a broadcast's sends): only while no slot of the bot is booked ahead, else all
+    "busy" for the seconds until the last booked one; the slots within `horizon` are booked
+    with their window entries, all "go" at once; a full window is "full", booking nothing."""
     if not settings.REDIS_URL or not settings.DOVECOTE_RATE_LIMITS_ENABLED:
         return None
     if not chat_ids:
@@ -505,16 +522,52 @@ def take_now(bot_id: int, rate: int, chat_ids: list[int | None], *, horizon: flo
     entries = [Entry(bot_id, random_id(), gate) for gate in gates]
     keys = [_pause_key(bot_id), _slot_key(bot_id), _window_key(bot_id)] + [g[0] for g in gates if g]
     args: list[object] = [1.0 / max(rate * PACING, 0.001), horizon, max(int(rate), 1), _longest_wait()]
-    args += [SLOT_TOLERANCE_SECONDS, len(entries)]
+    args += [SLOT_TOLERANCE_SECONDS, "1" if bulk else "0", len(entries)]
     for entry in entries:
         args += [entry.chat_gate[1] if entry.chat_gate else 0, entry.id]
     answer = [a.decode() if isinstance(a, bytes) else a for a in _take_now_script()(keys=keys, args=args)]
-    if answer[0] == "paused":
-        return [Turn("paused", float(answer[1]))] * len(entries)
+    if answer[0] in ("paused", "busy"):
+        return [Turn(answer[0], float(answer[1]))] * len(entries)
     return [
         Turn(kind, float(seconds), entry if kind == "go" else None)
         for kind, seconds, entry in zip(answer[::2], answer[1::2], entries, strict=True)
     ]
+
+
+# How long until a bulk send may take a slot of the bot (0: now): a 429's pause, the last
+# slot booked ahead (replies waiting, or the bulk sends' own last batch) and a full window.
+_BULK_WAIT_LUA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local wait = 0
+local paused = redis.call('GET', KEYS[1])
+if paused then wait = math.max(wait, tonumber(paused) - now) end
+local nxt = redis.call('GET', KEYS[2])
+if nxt then wait = math.max(wait, tonumber(nxt) - now) end
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+if redis.call('ZCARD', KEYS[3]) >= tonumber(ARGV[1]) then
+  local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+  wait = math.max(wait, tonumber(first[2]) - now)
+end
+return tostring(wait)
+"""
+
+
+@cache
+def _bulk_wait_script():
+    return redis_client().register_script(_BULK_WAIT_LUA)
+
+
+def bulk_wait(bot_id: int, rate: int) -> float:
+    """Seconds until a bulk send of this bot may take a slot (`take_now(bulk=True)`), read
+    in one round trip without taking anything: a broadcast's drain looks before it claims."""
+    if not settings.DOVECOTE_RATE_LIMITS_ENABLED:
+        return bot_paused_for(bot_id)
+    if not settings.REDIS_URL:
+        return 0.0
+    keys = [_pause_key(bot_id), _slot_key(bot_id), _window_key(bot_id)]
+    wait = float(_bulk_wait_script()(keys=keys, args=[max(int(rate), 1)]))
+    return wait if wait > SLOT_TOLERANCE_SECONDS else 0.0
 
 
 def chat_wait(*, bot_id: int, chat_id: int | None) -> float:

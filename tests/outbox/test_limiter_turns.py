@@ -129,3 +129,47 @@ def test_an_inline_send_whose_messages_another_worker_claimed_first_leaves_them_
     assert not [r for r in caplog.records if r.levelname == "ERROR"]
     message.refresh_from_db()
     assert (message.state, message.lease_owner, message.attempts) == (State.SENDING, "the-other-worker", 0)
+
+
+# --- the bulk lane: a broadcast's sends take what replies leave ----------------------------
+
+
+def test_a_bulk_turn_books_the_slots_within_its_horizon_and_all_of_them_go_at_once(bot) -> None:
+    turns = ratelimit.take_now(bot.pk, 30, [201, 202, 203, 204, 205, 206, 207, 208, 209], horizon=0.25, bulk=True)
+
+    # A 30/s bot's slots are 35 ms apart: eight fit in a quarter second, each with its entry.
+    assert kinds(turns) == ["go"] * 8 + ["none"]
+    assert all(turn.entry is not None for turn in turns[:8])
+    # A reply coming now is booked after them, not before.
+    kind, seconds = ratelimit.reserve_slot(bot.pk, 30, horizon=1.0)
+    assert (kind, 0.25 < seconds < 0.3) == ("reserved", True)
+    ratelimit.leave([t.entry for t in turns if t.entry])
+
+
+def test_a_bulk_turn_takes_nothing_while_a_reply_has_booked_a_slot_ahead(bot) -> None:
+    reply = ratelimit.take_now(bot.pk, 30, [211, 212], horizon=0.05)
+    assert kinds(reply) == ["go", "slot"]  # the second reply's slot is booked 35 ms ahead
+
+    turns = ratelimit.take_now(bot.pk, 30, [213, 214], horizon=0.25, bulk=True)
+
+    # Until the slot after the booked one, 70 ms from the replies' turn.
+    assert kinds(turns) == ["busy", "busy"]
+    assert 0.0 < turns[0].seconds <= 0.07
+    assert 0.0 < ratelimit.bulk_wait(bot.pk, 30) <= 0.07
+    # Nothing was booked by the bulk turn: the next reply's slot is that one.
+    kind, seconds = ratelimit.reserve_slot(bot.pk, 30, horizon=1.0)
+    assert (kind, 0.0 < seconds <= 0.07) == ("reserved", True)
+    ratelimit.leave([t.entry for t in reply if t.entry])
+
+
+def test_a_bulk_turn_books_nothing_while_the_bots_window_is_full(bot) -> None:
+    held = [ratelimit.acquire(bot_id=bot.pk, bot_rate=2, chat_id=None, slot_reserved=True) for _ in range(2)]
+
+    turns = ratelimit.take_now(bot.pk, 2, [223], horizon=0.25, bulk=True)
+
+    # Two entries of a 2/s bot: the window is full for a second past their answers.
+    assert kinds(turns) == ["full"]
+    assert ratelimit.bulk_wait(bot.pk, 2) > 0.9
+    kind, seconds = ratelimit.reserve_slot(bot.pk, 2, horizon=10.0)
+    assert (kind, seconds < 0.6) == ("reserved", True)  # the bulk turn booked no slot
+    ratelimit.leave([w.entry for w in held if w.entry])
