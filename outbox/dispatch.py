@@ -6,6 +6,12 @@ is woken through a coalesced wake-up key (outbox/wakeups.py): a burst of message
 drain; a drain with a full batch fans out one more; a drain that stops with work left
 hands its key over to its continuation. `kick_chat` hands a chat's next ordered message on
 when the one before it is done.
+
+Two lanes: replies (anything a person waits for) go through the bot's drain on the
+`dovecote` queue; broadcasts through the bot's broadcast drain on `dovecote.bulk`, which
+takes the bot's rate only while no reply waits for it (outbox/sending/batch.py). Each has
+its own wake-up key, and a host runs at most DOVECOTE_BULK_DRAINS_PER_HOST broadcast drains
+at once, so that routers and replies always find a worker process.
 """
 
 from __future__ import annotations
@@ -33,14 +39,17 @@ def dispatch(
     bulk: bool = False,
 ) -> bool:
     """Hand a message to a worker. Failure to publish is logged, never raised: the row is
-    committed and the sweeper dispatches whatever is overdue. `bulk` (broadcasts) uses the
-    bulk queue, so that replies to people are not stuck behind thousands of notifications.
+    committed and the sweeper dispatches whatever is overdue. `bulk` (a broadcast's message)
+    wakes its bot's broadcast drain on the bulk queue, so that replies to people are not
+    stuck behind thousands of notifications.
 
     Given its `bot_id`, a message due now wakes the bot's batched drain (sending/batch.py)
-    instead of getting a task of its own; a wait, a reserved slot or a broadcast keeps the
-    one-message task."""
+    instead of getting a task of its own; a wait or a reserved slot keeps the one-message
+    task (and so does everything without the drain's machinery: the demo)."""
     if countdown > policy.MAX_BROKER_COUNTDOWN_SECONDS:
         return False  # the sweeper picks it up when due
+    if bulk and bot_id is not None and drain_enabled():
+        return wake_bulk_drain(bot_id, countdown=countdown)
     held = _held.get()
     if held is not None and bot_id is not None and countdown <= 0 and not slot_reserved and not bulk:
         held.append((message_id, bot_id))  # the caller sends it itself (holding, below)
@@ -141,24 +150,28 @@ def kick_chat(message: OutboundMessage) -> None:
 
 
 def redispatch(pks: list[int], now: datetime, *, probe: bool = False) -> int:
-    """The sweeper's redispatch: make the messages due now and hand them to workers, through
-    their bot's drain (one wake-up per bot: a live drain takes them in turn, a lost one's key
-    expires within seconds and the next sweep wakes a new one), except a circuit's probe and
-    broadcasts, which go one by one. Returns how many were handed on."""
-    drained = not probe and drain_enabled()
-    bots = dict(OutboundMessage.objects.filter(pk__in=pks, broadcast="").values_list("pk", "bot_id")) if drained else {}
+    """The sweeper's redispatch: make the messages due now and hand them to workers (`hand_on`),
+    except a circuit's probe, which goes alone. Returns how many were handed on."""
+    due = [pk for pk in pks if transitions.make_due(pk, now=now)]
+    if probe:
+        return sum(1 for pk in due if dispatch(pk))
+    return hand_on(due)
+
+
+def hand_on(pks: list[int]) -> int:
+    """Hand these waiting messages to their lane: one wake-up per bot of its drain, or of
+    its broadcast drain for broadcasts (a live drain takes them in turn; a lost one's key
+    expires within seconds and the next sweep wakes a new one). Without the drain's
+    machinery, one task each. Returns how many were handed on."""
+    if not drain_enabled():
+        return sum(1 for pk in pks if dispatch(pk))
+    lanes: dict[tuple[int, bool], int] = {}
+    for bot_id, broadcast in OutboundMessage.objects.filter(pk__in=pks).values_list("bot_id", "broadcast"):
+        lanes[(bot_id, bool(broadcast))] = lanes.get((bot_id, bool(broadcast)), 0) + 1
     handed = 0
-    woken: dict[int, list[int]] = {}
-    for pk in pks:
-        if not transitions.make_due(pk, now=now):
-            continue
-        if pk in bots:
-            woken.setdefault(bots[pk], []).append(pk)
-        elif dispatch(pk):
-            handed += 1
-    for bot_id, bot_pks in woken.items():
-        if wake_drain(bot_id):
-            handed += len(bot_pks)
+    for (bot_id, bulk), n in lanes.items():
+        if wake_bulk_drain(bot_id) if bulk else wake_drain(bot_id):
+            handed += n
     return handed
 
 
@@ -214,3 +227,41 @@ def _publish_drain(bot_id: int, countdown: float = 0.0, *, extra: bool = False) 
 
     kwargs = {"extra": True} if extra else {}
     return publish(drain_bot, (bot_id,), kwargs, countdown=countdown, what=f"drain of bot {bot_id}")
+
+
+# --- the broadcast drain's wake-up -----------------------------------------------------
+
+
+def bulk_drain_key(bot_id: int) -> str:
+    """The wake-up key the bot's broadcast drain holds while it is queued or runs."""
+    return wakeups.key("drain-bulk", bot_id)
+
+
+def wake_bulk_drain(bot_id: int, *, countdown: float = 0.0) -> bool:
+    """Have the bot's broadcast drain run unless one is queued or running (as `wake_drain`).
+    Later (`countdown`, a broadcast's send_at, a deferred message falling due): a timer that
+    takes the key only when it runs, so that the key does not keep a broadcast due before
+    then waiting for it. Past a broker countdown, nothing: the sweeper wakes it when due."""
+    if countdown > policy.MAX_BROKER_COUNTDOWN_SECONDS:
+        return False
+    if countdown > 0:
+        return _publish_bulk_drain(bot_id, countdown=countdown, timer=True)
+    return wakeups.wake(bulk_drain_key(bot_id), lambda: _publish_bulk_drain(bot_id)) is True
+
+
+def continue_bulk_drain(bot_id: int, countdown: float, *, holds_key: bool) -> None:
+    """The broadcast drain's continuation, as `continue_drain`."""
+    wakeups.hand_over(
+        bulk_drain_key(bot_id),
+        lambda: _publish_bulk_drain(bot_id, countdown=countdown),
+        holds_key=holds_key,
+        countdown=countdown,
+    )
+
+
+def _publish_bulk_drain(bot_id: int, countdown: float = 0.0, *, timer: bool = False) -> bool:
+    from outbox.tasks import drain_broadcasts
+
+    task = drain_broadcasts.signature(queue=settings.CELERY_TASK_QUEUE_BULK)
+    kwargs = {"timer": True} if timer else {}
+    return publish(task, (bot_id,), kwargs, countdown=countdown, what=f"broadcast drain of bot {bot_id}")

@@ -121,6 +121,20 @@ class OutboundMessage(models.Model):
             models.Index(
                 fields=["next_attempt_at"], name="outbox_due_idx", condition=Q(state__in=["pending", "retry"])
             ),
+            # Each lane's queue of a bot, by when each message falls due: the replies' (the
+            # drain's claim, which would otherwise walk past every due broadcast message of
+            # every bot in outbox_due_idx) and the broadcasts' (the broadcast drain's claim,
+            # the sweeper's look for a lost one).
+            models.Index(
+                fields=["bot", "next_attempt_at"],
+                name="outbox_reply_due_idx",
+                condition=Q(state__in=["pending", "retry"], broadcast=""),
+            ),
+            models.Index(
+                fields=["bot", "next_attempt_at"],
+                name="outbox_bulk_due_idx",
+                condition=Q(state__in=["pending", "retry"]) & ~Q(broadcast=""),
+            ),
             models.Index(fields=["lease_expires_at"], name="outbox_lease_idx", condition=Q(state="sending")),
             # Per-chat order: earlier messages still open for the same chat.
             models.Index(

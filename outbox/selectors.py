@@ -41,6 +41,15 @@ def next_open_message_in_chat(*, bot_id: int, chat_id: int) -> int | None:
     return chat_order.heads(waiting, now=now).order_by("id").values_list("id", flat=True).first()
 
 
+def next_broadcast_due(bot_id: int) -> datetime | None:
+    """When the bot's next waiting broadcast message falls due (past: one is due now), or
+    None: the broadcast drain's look before it stops (outbox_bulk_due_idx)."""
+    waiting = OutboundMessage.objects.filter(bot_id=bot_id, state__in=[State.PENDING, State.RETRY]).exclude(
+        broadcast=""
+    )
+    return waiting.order_by("next_attempt_at").values_list("next_attempt_at", flat=True).first()
+
+
 def next_open_messages_in_chats(sent: list[tuple[int, int, int]]) -> dict[int, int | None]:
     """next_open_message_in_chat for a batch just marked sent, in one statement (PostgreSQL):
     {message id: its chat's head, or None} for (message id, bot id, chat id) triples.

@@ -8,7 +8,6 @@ import hashlib
 import json
 import logging
 import re
-import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -18,11 +17,11 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from outbox import botapi, chat_order, policy, ratelimit, retention, selectors, splitting, transitions
+from outbox import botapi, chat_order, retention, selectors, splitting, transitions
 from outbox import dispatch as outbox_dispatch
 from outbox.dispatch import dispatch, kick_chat
 from outbox.logs import current_trace_id
-from outbox.methods import CREATES_MESSAGE, SUPPORTED_METHODS, ordered_by_default
+from outbox.methods import SUPPORTED_METHODS, ordered_by_default
 from outbox.models import OnAmbiguous, OutboundMessage, State
 from outbox.workers import worker_id
 from project import rows
@@ -453,10 +452,11 @@ def outbound_broadcast_cancel(*, bot_id: int, broadcast: str, reason: str = "can
 
 
 def outbound_message_resend(message_id: int, *, from_states: list[str]) -> bool:
-    """Put a failed or unknown message back in the queue with the same key, and dispatch it."""
+    """Put a failed or unknown message back in the queue with the same key, and hand it to
+    its lane (a broadcast's to its bot's broadcast drain)."""
     ok = transitions.reset_for_resend(message_id, from_states=from_states)
     if ok:
-        transaction.on_commit(lambda: dispatch(message_id))
+        transaction.on_commit(lambda: outbox_dispatch.hand_on([message_id]))
     return ok
 
 
@@ -523,11 +523,12 @@ def broadcast_enqueue(
     trace_id: str = "",
 ) -> BroadcastResult:
     """One payload to many chats: one unordered outbox message per chat, keyed by the
-    broadcast key and the chat, drained within the bot's rate limits on the bulk queue.
+    broadcast key and the chat, written in one statement and sent by the bot's broadcast
+    drain (the bulk lane: within the bot's rate limits, after its replies).
 
-    Calling it again with the same key creates nothing new and dispatches nothing again
-    (but the messages of chats it adds); with another payload or method it raises
-    IdempotencyConflict and writes nothing, as `outbound_message_enqueue` does.
+    Calling it again with the same key creates nothing new and wakes nothing again (but the
+    messages of chats it adds); with another payload or method it raises IdempotencyConflict
+    and writes nothing, as `outbound_message_enqueue` does.
     """
     if not chat_ids:
         raise MessageRejected("chat_ids must not be empty", field="chat_ids")
@@ -538,56 +539,65 @@ def broadcast_enqueue(
     _validate_options(idempotency_key=broadcast_key, send_at=send_at, expires_at=expires_at, on_ambiguous=on_ambiguous)
     now = timezone.now()
     keys = {broadcast_message_key(broadcast_key, chat_id): chat_id for chat_id in fingerprints}
+    shared = {
+        "bot_id": bot_id,
+        "method": method,
+        "payload": payload,
+        "broadcast": broadcast_key,
+        "trace_id": trace_id or current_trace_id.get(),
+        "send_at": send_at,
+        "expires_at": expires_at,
+        "on_ambiguous": on_ambiguous,
+        "ordered": False,
+        "max_attempts": settings.DOVECOTE_OUTBOX_MAX_ATTEMPTS,
+        "next_attempt_at": max(send_at, now) if send_at else now,
+    }
     with transaction.atomic():
-        existing = _broadcast_stored(bot_id, keys, fingerprints)
-        rows = [
-            OutboundMessage(
-                bot_id=bot_id,
-                chat_id=chat_id,
-                method=method,
-                payload=payload,
-                idempotency_key=key,
-                request_fingerprint=fingerprints[chat_id],
-                broadcast=broadcast_key,
-                trace_id=trace_id or current_trace_id.get(),
-                send_at=send_at,
-                expires_at=expires_at,
-                on_ambiguous=on_ambiguous,
-                ordered=False,
-                max_attempts=settings.DOVECOTE_OUTBOX_MAX_ATTEMPTS,
-                next_attempt_at=max(send_at, now) if send_at else now,
-            )
-            for key, chat_id in keys.items()
-            if key not in existing
-        ]
-        slots = _broadcast_slots(bot_id=bot_id, method=method, send_at=send_at, n=len(rows))
-        reserved_at = time.monotonic()
-        for row, delay in zip(rows, slots, strict=False):
-            # Due at its slot, in the row too (as a deferred send's is), so that the sweeper
-            # does not take it for lost meanwhile.
-            row.next_attempt_at = now + timedelta(seconds=delay)
-        # A concurrent call with the same key may insert some first: theirs stand, or, when
-        # they were another call, this one is rolled back whole.
-        OutboundMessage.objects.bulk_create(rows, batch_size=1000, ignore_conflicts=True)
-        ids = _broadcast_stored(bot_id, keys, fingerprints)
-        new_ids = [ids[row.idempotency_key] for row in rows if row.idempotency_key in ids]
-        reserved = {
-            ids[row.idempotency_key]: d for row, d in zip(rows, slots, strict=False) if row.idempotency_key in ids
-        }
-        delay = max(0.0, (send_at - now).total_seconds()) if send_at else 0.0
+        written = _insert_broadcast(shared, keys, fingerprints)
+        ids = dict(written)
+        if len(written) < len(keys):
+            # Stored before (a replay) or by a concurrent call: each must be this call, or the
+            # whole call is rolled back.
+            ids |= _broadcast_stored(bot_id, {k: c for k, c in keys.items() if k not in written}, fingerprints)
+        if written:
+            countdown = max(0.0, (send_at - now).total_seconds()) if send_at else 0.0
+            new_ids = list(written.values())
+            transaction.on_commit(lambda: _dispatch_broadcast(bot_id, new_ids, countdown=countdown))
+    return BroadcastResult(message_ids=[ids[k] for k in keys], created=len(written))
 
-        def publish_all() -> None:
-            for pk in new_ids:
-                if pk in reserved:
-                    # Counted from the reservation, not from this publish: publishing
-                    # thousands takes seconds, which would stretch the slots apart.
-                    countdown = max(0.0, reserved[pk] - (time.monotonic() - reserved_at))
-                    dispatch(pk, countdown=countdown, slot_reserved=True, bulk=True)
-                else:
-                    dispatch(pk, countdown=delay, bulk=True)
 
-        transaction.on_commit(publish_all)
-    return BroadcastResult(message_ids=[ids[k] for k in keys if k in ids], created=len(rows))
+def _insert_broadcast(shared: dict[str, Any], keys: dict[str, int], fingerprints: dict[int, str]) -> dict[str, int]:
+    """Write a broadcast's messages (`shared`'s fields, one chat each), those whose key is
+    free: one statement on PostgreSQL; SQLite (the demo's) takes a row at a time. Returns
+    {key: id} of those written."""
+    if connection.vendor == "postgresql":
+        written = rows.insert_fanned_out(
+            rows.new(OutboundMessage, **shared),
+            unique=("bot_id", "idempotency_key"),
+            varying={
+                "chat_id": list(keys.values()),
+                "idempotency_key": list(keys),
+                "request_fingerprint": [fingerprints[chat] for chat in keys.values()],
+            },
+        )
+        return {key: pk for pk, _, key in written}
+    messages = [
+        rows.new(OutboundMessage, chat_id=chat, idempotency_key=key, request_fingerprint=fingerprints[chat], **shared)
+        for key, chat in keys.items()
+    ]
+    for message in messages:
+        rows.insert_once(message, unique=("bot_id", "idempotency_key"))
+    return {m.idempotency_key: m.pk for m in messages if m.pk is not None}
+
+
+def _dispatch_broadcast(bot_id: int, message_ids: list[int], *, countdown: float) -> None:
+    """A broadcast just committed: one wake-up of its bot's broadcast drain (one task per
+    message without the drain's machinery: the demo)."""
+    if outbox_dispatch.drain_enabled():
+        outbox_dispatch.wake_bulk_drain(bot_id, countdown=countdown)
+        return
+    for pk in message_ids:
+        dispatch(pk, countdown=countdown, bulk=True)
 
 
 def _broadcast_stored(bot_id: int, keys: dict[str, int], fingerprints: dict[int, str]) -> dict[str, int]:
@@ -603,28 +613,6 @@ def _broadcast_stored(bot_id: int, keys: dict[str, int], fingerprints: dict[int,
             raise IdempotencyConflict(OutboundMessage.objects.get(pk=pk))
         ids[key] = pk
     return ids
-
-
-def _broadcast_slots(*, bot_id: int, method: str, send_at: datetime | None, n: int) -> list[float]:
-    """Rate-limit slots for a broadcast due now, reserved in one go: each message is then
-    dispatched once, for its slot, rather than once to ask for a slot and again to send
-    (which queued thousands of slot requests ahead of the sends; docs/PERFORMANCE.md).
-    Messages past the horizon get none and take the usual path; so do all of them when
-    Redis is unreachable."""
-    if not settings.DOVECOTE_RATE_LIMITS_ENABLED or method not in CREATES_MESSAGE or send_at or n == 0:
-        return []
-    rate = selectors.bot_model().objects.filter(pk=bot_id).values_list("rate_limit", flat=True).first()
-    if not rate:
-        return []
-    import redis
-
-    try:
-        return ratelimit.reserve_slots(bot_id, rate, n, horizon=policy.MAX_BROKER_COUNTDOWN_SECONDS)
-    except redis.RedisError as exc:
-        # The broadcast is stored all the same: without slots its messages stay due in their
-        # rows, and the sweeper hands them to the drain once Redis answers again.
-        logger.warning("broadcast of bot %s stored without rate-limit slots: Redis unreachable: %s", bot_id, exc)
-        return []
 
 
 def outbound_messages_purge_payloads(*, older_than: datetime | None = None, batch_size: int = 500) -> int:

@@ -23,3 +23,8 @@ def send_outbound_message(message_id: int, slot_reserved: bool = False, bulk: bo
 @shared_task(name="outbox.drain_bot", ignore_result=True)
 def drain_bot(bot_id: int, extra: bool = False) -> str:
     return str(batch.outbound_messages_drain(bot_id, extra=extra))
+
+
+@shared_task(name="outbox.drain_broadcasts", ignore_result=True)
+def drain_broadcasts(bot_id: int, timer: bool = False) -> str:
+    return str(batch.outbound_broadcasts_drain(bot_id, timer=timer))

@@ -81,13 +81,15 @@ def claim_batch(
     limit: int,
     due_since: datetime | None = None,
     ids: list[int] | None = None,
+    bulk: bool = False,
 ) -> list[OutboundMessage]:
     """pending|retry -> sending for up to `limit` of the bot's due messages, oldest due first,
     in one statement. Skips rows another worker holds (SKIP LOCKED), ordered messages with an
-    earlier one still open in their chat, broadcasts (paced by their own reserved slots) and
-    everything while the bot's circuit is not closed (its probe goes one by one). With
-    `due_since`, only messages that fell due since then (the rest is the sweeper's ramp).
-    With `ids`, only those messages (a worker sending the ones it has just written).
+    earlier one still open in their chat, and everything while the bot's circuit is not
+    closed (its probe goes one by one). Broadcasts are the bulk lane's (`bulk`: only them,
+    else none of them). With `due_since`, only messages that fell due since then (the rest
+    is the sweeper's ramp). With `ids`, only those messages (a worker sending the ones it
+    has just written).
     Committed asynchronously (project/rows.py): each is sent only after its attempt row's
     commit, which waits for the disk and so for this claim too; a claim PostgreSQL loses in a
     crash leaves the message as it was."""
@@ -99,11 +101,12 @@ def claim_batch(
     # next_attempt_at alone, the order of outbox_due_idx, so that the scan stops at the
     # LIMIT; with an `id` tie-break PostgreSQL sorted every due row first (266 ms for 1,000).
     columns = ", ".join(f"m.{c}" for c in selectors.message_columns())
+    lane = "q.broadcast <> ''" if bulk else "q.broadcast = ''"
     sql = f"""
         WITH picked AS MATERIALIZED (
           SELECT q.id FROM {_MESSAGES} q
           WHERE q.bot_id = %s AND q.state IN ('pending', 'retry') AND q.next_attempt_at <= %s
-            AND q.next_attempt_at >= %s AND q.broadcast = ''{" AND q.id = ANY(%s)" if ids is not None else ""}
+            AND q.next_attempt_at >= %s AND {lane}{" AND q.id = ANY(%s)" if ids is not None else ""}
             AND NOT {chat_order.blocked_sql("q")}
             AND NOT {circuits.not_closed_sql("%s")}
           ORDER BY q.next_attempt_at

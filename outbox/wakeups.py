@@ -165,6 +165,41 @@ def nudge_if_held(name: str) -> bool | None:
         return None
 
 
+# Permits: at most `limit` holders of a name at once (a host's broadcast drains), each for
+# KEY_TTL_MS unless it takes its permit again; a holder that died lets go when it expires.
+_PERMIT_LUA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if not redis.call('ZSCORE', KEYS[1], ARGV[1]) and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then
+  return 0
+end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return 1
+"""
+
+
+@cache
+def _permit_script():
+    return ratelimit.redis_client().register_script(_PERMIT_LUA)
+
+
+def take_permit(name: str, holder: str, *, limit: int) -> bool:
+    """One of `limit` permits of `name` for `holder` (again: renewed), or False when all are
+    held. Redis failing: True - the permits only share the workers out, and the work it
+    guards cannot go on without Redis anyway."""
+    try:
+        return bool(_permit_script()(keys=[name], args=[holder, limit, KEY_TTL_MS], client=ratelimit.redis_client()))
+    except redis.RedisError as exc:
+        logger.warning("could not take a permit of %s: %s", name, exc)
+        return True
+
+
+def return_permit(name: str, holder: str) -> None:
+    _quietly("zrem", name, holder)
+
+
 def _quietly(command: str, *args: object) -> None:
     with contextlib.suppress(redis.RedisError):  # the key expires by itself
         getattr(ratelimit.redis_client(), command)(*args)

@@ -437,6 +437,37 @@ def insert_many_computed(
     return [by_key.pop(_unique_values(db, row, unique), None) for row in rows]  # first with a key, as _saved
 
 
+def insert_fanned_out(
+    template: Model, *, unique: tuple[str, ...], varying: dict[str, list[Any]]
+) -> list[tuple[Any, ...]]:
+    """PostgreSQL: one row per element of `varying`'s lists ({column: values}, all of one
+    length), each the `template` but for those columns, in one statement whose size is the
+    template once and the varying values (a broadcast's 10,000 messages: one payload, 10,000
+    chats and keys), where `insert_many_once` would repeat every column of every row. Rows
+    whose `unique` columns are taken are skipped. Returns (pk, *unique) of the rows written."""
+    model = type(template)
+    columns = tuple(varying)
+    count = len(next(iter(varying.values()))) if varying else 0
+    values = [dict(zip(columns, row, strict=True)) for row in zip(*varying.values(), strict=True)]
+    if not count:
+        return []
+    sql = _sql_fanned_out(model, unique, columns)
+    db = connections[DEFAULT_DB_ALIAS]
+    return _execute(db, sql, [_rows_json([template]), orjson.dumps(values).decode()], prepare=True)[0]
+
+
+@cache
+def _sql_fanned_out(model: type[Model], unique: tuple[str, ...], varying: tuple[str, ...]) -> str:
+    qn = connection.ops.quote_name
+    table = qn(model._meta.db_table)
+    select = ", ".join(("v." if f.column in varying else "r.") + qn(f.column) for f in _fields(model))
+    source = (
+        f"SELECT {select} FROM json_populate_recordset(NULL::{table}, %s::json) r,"  # noqa: S608 - names from _meta
+        f" json_populate_recordset(NULL::{table}, %s::json) v"
+    )
+    return _insert(model, unique, source)
+
+
 @cache
 def _sql_computed(
     model: type[Model], unique: tuple[str, ...], computed: tuple[tuple[str, str], ...], lateral: str, returning: str

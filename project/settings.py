@@ -307,6 +307,9 @@ DOVECOTE_TELEGRAM_READ_TIMEOUT = env.float("DOVECOTE_TELEGRAM_READ_TIMEOUT", def
 # A worker's claim on a row; the sweeper treats rows past their lease as abandoned.
 # Due messages of one bot sent per batch by the drain (outbox/sending/batch.py); 1 sends one per task.
 DOVECOTE_DRAIN_BATCH_SIZE = env.int("DOVECOTE_DRAIN_BATCH_SIZE", default=8)
+# Broadcast drains (the bulk lane, outbox/sending/batch.py) one host runs at once, whatever
+# its workers' concurrency: the other worker processes stay free for routers and replies.
+DOVECOTE_BULK_DRAINS_PER_HOST = env.int("DOVECOTE_BULK_DRAINS_PER_HOST", default=1)
 # Inline work on the hot path: consumers declared inline-safe run in the router's task, and a
 # consumer's replies are sent by its own worker right after the commit when the bot has room
 # (the drain stays for backlogs, retries and pacing). Off: a task for every run and send.
@@ -387,6 +390,7 @@ DOVECOTE_AUDIT_RETENTION_DAYS = env.int("DOVECOTE_AUDIT_RETENTION_DAYS", default
 _COUNTS = (  # at least 1
     "DOVECOTE_WEBHOOK_MAX_BYTES",
     "DOVECOTE_DRAIN_BATCH_SIZE",
+    "DOVECOTE_BULK_DRAINS_PER_HOST",
     "DOVECOTE_OUTBOX_MAX_ATTEMPTS",
     "DOVECOTE_DEFAULT_RATE_LIMIT",
     "DOVECOTE_BULK_FIRST_BATCH",

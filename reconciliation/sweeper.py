@@ -54,7 +54,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError
-from django.db.models import DateTimeField, Exists, ExpressionWrapper, F, OuterRef, Q, QuerySet
+from django.db.models import DateTimeField, Exists, ExpressionWrapper, F, Min, OuterRef, Q, QuerySet
 from django.db.models.functions import Now
 from django.utils import timezone
 
@@ -122,6 +122,13 @@ def messages_to_auto_resend_qs(now: datetime) -> QuerySet[OutboundMessage]:
         updated_at__lte=now - delay,
         on_ambiguous=OnAmbiguous.RESEND,
     )
+
+
+def broadcasts_overdue_bots_qs(now: datetime) -> QuerySet[OutboundMessage]:
+    """The bots with a broadcast message due the redispatch grace ago and not claimed: their
+    broadcast drain was lost (outbox_bulk_due_idx)."""
+    overdue = OutboundMessage.objects.filter(state__in=WAITING, next_attempt_at__lte=now - redispatch_grace())
+    return overdue.exclude(broadcast="").order_by("bot_id").values_list("bot_id", flat=True).distinct()
 
 
 def messages_due_qs(
@@ -219,13 +226,15 @@ def _recover_runs(now: datetime, report: dict[str, int]) -> None:
 
 def _recover_sends(now: datetime, report: dict[str, int]) -> None:
     # Sends whose worker died: released if no request started, else unknown (+ a case).
+    released = []
     for pk in _ids(messages_stuck_qs(now), "lease_expires_at"):
         outcome = outbox_transitions.recover_expired_lease(pk)
         if outcome == "released":
             report["messages_released"] += 1
-            dispatch.dispatch(pk)
+            released.append(pk)
         elif outcome == "unknown":
             report["messages_unknown"] += 1
+    dispatch.hand_on(released)
     # Policy `resend`: after the delay, the same key again; the case says a duplicate is possible.
     for pk in _ids(messages_to_auto_resend_qs(now), "updated_at"):
         case = ReconciliationCase.objects.filter(message_id=pk, status=CaseStatus.OPEN).first()
@@ -270,6 +279,13 @@ def _redispatch_sends(now: datetime, report: dict[str, int]) -> None:
     qs = messages_due_qs(now)
     if special:
         qs = qs.exclude(bot_id__in=special)
+    if dispatch.drain_enabled():
+        # Broadcasts are their bot's broadcast drain's, a batch at a time: one wake-up per
+        # bot whose broadcast waits overdue (its drain was lost), no row made due one by one.
+        qs = qs.filter(broadcast="")
+        for bot_id in broadcasts_overdue_bots_qs(now).exclude(bot_id__in=special):
+            if dispatch.wake_bulk_drain(bot_id):
+                report["broadcast_drains_woken"] += 1
     report["messages_redispatched"] += dispatch.redispatch(_ids(qs, "next_attempt_at"), now)
 
 
@@ -289,6 +305,12 @@ def messages_upcoming_qs(now: datetime) -> QuerySet[OutboundMessage]:
     return OutboundMessage.objects.filter(_parked_due_soon(now), state__in=WAITING)
 
 
+def broadcasts_upcoming_qs(now: datetime) -> QuerySet[OutboundMessage]:
+    """Per bot, when its first parked broadcast message falls due before the sweep after next."""
+    parked = OutboundMessage.objects.filter(_parked_due_soon(now), state__in=WAITING).exclude(broadcast="")
+    return parked.values("bot_id").annotate(due=Min("next_attempt_at")).order_by("bot_id")
+
+
 def runs_upcoming_qs(now: datetime) -> QuerySet[ConsumerRun]:
     return ConsumerRun.objects.filter(_parked_due_soon(now), state__in=RUN_WAITING)
 
@@ -298,11 +320,16 @@ def _publish_upcoming(now: datetime, report: dict[str, int]) -> None:
     are parked in their rows; each sweep publishes those that fall due before the next
     sweep with their exact countdown, so they go on time rather than a redispatch grace
     late. The task starts with a claim: one that finds the row moved on does nothing."""
-    for pk, due, broadcast in (
-        messages_upcoming_qs(now).order_by("next_attempt_at").values_list("pk", "next_attempt_at", "broadcast")[:BATCH]
-    ):
-        countdown = max(0.0, (due - now).total_seconds())
-        if dispatch.dispatch(pk, countdown=countdown, bulk=bool(broadcast)):
+    qs = messages_upcoming_qs(now)
+    if dispatch.drain_enabled():
+        # A broadcast (its send_at) wakes its bot's broadcast drain then, once.
+        qs = qs.filter(broadcast="")
+        for row in broadcasts_upcoming_qs(now):
+            if dispatch.wake_bulk_drain(row["bot_id"], countdown=max(0.0, (row["due"] - now).total_seconds())):
+                report["broadcast_drains_woken"] += 1
+    upcoming = qs.order_by("next_attempt_at").values_list("pk", "next_attempt_at", "broadcast")[:BATCH]
+    for pk, due, broadcast in upcoming:
+        if dispatch.dispatch(pk, countdown=max(0.0, (due - now).total_seconds()), bulk=bool(broadcast)):
             report["messages_published_ahead"] += 1
     for pk, due in runs_upcoming_qs(now).order_by("next_attempt_at").values_list("pk", "next_attempt_at")[:BATCH]:
         if bot_services.dispatch_run(pk, countdown=max(0.0, (due - now).total_seconds())):
@@ -405,6 +432,7 @@ def sweep() -> dict[str, int]:
             "messages_ramped",
             "messages_redispatched",
             "messages_published_ahead",
+            "broadcast_drains_woken",
             "runs_published_ahead",
             "bulk_retries_resumed",
             "payloads_purged",

@@ -19,6 +19,11 @@ messages costs one task instead of a thousand. While the bot has room, a drain w
 batch fans out one more (its own key); a bot at its rate limit is paced by one drain. A
 drain that leaves work behind (its time budget ran out, or Telegram holds the bot)
 publishes its own continuation.
+
+Broadcasts are the bulk lane: `outbound_broadcasts_drain`, one per bot on the bulk queue,
+sends them the same way but takes the bot's rate only while no reply waits for it
+(ratelimit.take_now with `bulk`), all of a batch at once, and hands its worker back rather
+than wait for the bot's next free slot; a host runs at most DOVECOTE_BULK_DRAINS_PER_HOST.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import math
+import socket
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -34,7 +40,16 @@ from django.conf import settings
 from django.utils import timezone
 
 from outbox import botapi, circuits, policy, ratelimit, selectors, transitions, wakeups
-from outbox.dispatch import continue_drain, dispatch, drain_key, extra_drain_key, fan_out_drain
+from outbox.dispatch import (
+    bulk_drain_key,
+    continue_bulk_drain,
+    continue_drain,
+    dispatch,
+    drain_key,
+    extra_drain_key,
+    fan_out_drain,
+    wake_bulk_drain,
+)
 from outbox.failpoints import failpoint, uncommitted
 from outbox.logs import current_trace_id
 from outbox.models import Attempt, CircuitState, ErrorClass, OutboundMessage
@@ -107,16 +122,7 @@ def outbound_messages_drain(bot_id: int, *, batch_size: int | None = None, extra
         if not circuit_fresh:
             circuit = selectors.bot_circuit(bot_id)  # the last batch's outcomes may have moved it
         circuit_fresh = False
-        with uncommitted("before_claim_commit"):
-            messages = transitions.claim_batch(
-                bot_id=bot_id,
-                worker=worker,
-                lease=lease,
-                limit=size,
-                due_since=circuits.ramping_since(circuit, rate=bot.rate_limit),
-            )
-            if messages:
-                failpoint("before_claim_commit")
+        messages = _claim_due(bot, circuit, worker=worker, lease=lease, size=size)
         if not messages:
             if not holds_key:
                 return report
@@ -159,6 +165,23 @@ def outbound_messages_drain(bot_id: int, *, batch_size: int | None = None, extra
             report.continuation = 0.0
             continue_drain(bot_id, 0.0, holds_key=holds_key)
             return report
+
+
+def _claim_due(bot, circuit, *, worker: str, lease: timedelta, size: int, bulk: bool = False) -> list[OutboundMessage]:
+    """A batch of the bot's due messages of one lane (`bulk`: its broadcasts), claimed: only
+    those fallen due since its circuit closed, while the sweeper ramps the rest up."""
+    with uncommitted("before_claim_commit"):
+        messages = transitions.claim_batch(
+            bot_id=bot.pk,
+            worker=worker,
+            lease=lease,
+            limit=size,
+            due_since=circuits.ramping_since(circuit, rate=bot.rate_limit),
+            bulk=bulk,
+        )
+        if messages:
+            failpoint("before_claim_commit")
+    return messages
 
 
 def send_batch_size(bot) -> int:
@@ -259,14 +282,15 @@ def _limiter_unreachable(
 
 def _hold(waits: list[tuple[OutboundMessage, ratelimit.Wait]], *, worker: str, report: DrainReport) -> float | None:
     """Messages that must wait go back to waiting, due after the wait (in the row, so that
-    no drain takes them early), each with a wake-up of its own; returns the longest wait."""
+    no drain takes them early), each with a wake-up of its own but broadcasts, whose drain
+    comes back for them; returns the longest wait."""
     if not waits:
         return None
     now = timezone.now()
     for message, wait in waits:
         if transitions.release(message, worker=worker, next_attempt_at=now + timedelta(seconds=wait.seconds)):
             report.deferred += 1
-            if not wait.beyond_horizon:
+            if not wait.beyond_horizon and not message.broadcast:
                 dispatch(message.pk, countdown=wait.seconds, slot_reserved=wait.slot_reserved)
             # Beyond the horizon the row holds the wait and the sweeper dispatches it when due.
     return max(wait.seconds for _, wait in waits)
@@ -479,12 +503,128 @@ def _record(
         report.outcomes[outcome.error_class] = report.outcomes.get(outcome.error_class, 0) + 1
         current_trace_id.set(message.trace_id)
         result = record_outcome(message, worker=worker, attempt=attempts[message.pk], outcome=outcome)
-        if result.countdown is not None:
+        if result.countdown is not None and not message.broadcast:
+            # A broadcast's retry is its drain's to send (it looks for the next one due as it stops).
             dispatch(message.pk, countdown=result.countdown, slot_reserved=result.slot_reserved)
         if outcome.error_class in _STOPS_THE_DRAIN:
             wait = result.countdown if result.countdown is not None else policy.MAX_BROKER_COUNTDOWN_SECONDS
             held = max(held or 0.0, time.monotonic() + wait)
     return held
+
+
+# --- the bulk lane ----------------------------------------------------------------------
+
+# A broadcast drain books the bot's slots this far ahead for one batch, and only while none
+# is booked ahead: a reply that comes meanwhile waits at most this long behind it.
+BULK_SLOT_HORIZON_SECONDS = 0.25
+# It waits for the bot's next free slot where it is only this long; a longer wait (its own
+# batch's slots still to pass, replies taking the bot's rate) hands the worker back, and
+# its continuation comes this long before the slot, so that a worker's hop does not make
+# it late for it.
+BULK_WAIT_IN_PLACE_SECONDS = 0.1
+# A broadcast drain that finds every broadcast drain its host may run at work comes back
+# this much later.
+BULK_PERMIT_RETRY_SECONDS = 0.25
+
+
+def bulk_permits_key() -> str:
+    """The permits of this host's broadcast drains (DOVECOTE_BULK_DRAINS_PER_HOST)."""
+    return f"{settings.DOVECOTE_REDIS_PREFIX}dovecote:bulk-drains:{socket.gethostname()}"
+
+
+def outbound_broadcasts_drain(bot_id: int, *, timer: bool = False) -> DrainReport:
+    """Send the bot's due broadcast messages, a batch at a time, at the bot's rate less what
+    its replies take: a batch books the bot's slots only while no reply has booked one ahead
+    (ratelimit.take_now with `bulk`), and goes out at once with its window entries. The
+    drain waits for a free slot where it is only briefly; a longer wait, the time budget,
+    a 429 or an open circuit end it with a continuation. As it stops with nothing due, it
+    sets a timer for its bot's next broadcast message to fall due (a busy chat's, a retry's).
+
+    It holds the bot's broadcast wake-up key as the replies' drain holds its own, and one
+    of its host's permits while it runs; without one it comes back shortly. `timer`: a
+    wake-up for later, which takes the key as it starts (and does nothing if it is held:
+    the drain holding it sees the messages)."""
+    report = DrainReport()
+    key = bulk_drain_key(bot_id)
+    if timer and not wakeups.take(key):
+        return report
+    worker = worker_id()
+    permits, limit = bulk_permits_key(), settings.DOVECOTE_BULK_DRAINS_PER_HOST
+    if not wakeups.take_permit(permits, worker, limit=limit):
+        report.continuation = BULK_PERMIT_RETRY_SECONDS
+        continue_bulk_drain(bot_id, report.continuation, holds_key=True)
+        return report
+    try:
+        return _drain_broadcasts(bot_id, worker=worker, report=report, permits=permits, limit=limit)
+    finally:
+        wakeups.return_permit(permits, worker)
+
+
+def _drain_broadcasts(bot_id: int, *, worker: str, report: DrainReport, permits: str, limit: int) -> DrainReport:
+    key = bulk_drain_key(bot_id)
+    bot, circuit = selectors.bot_and_circuit(bot_id)
+    if bot is None:
+        wakeups.release(key)
+        return report
+    size = send_batch_size(bot)
+    lease = timedelta(seconds=settings.DOVECOTE_SEND_LEASE_SECONDS)
+    started = time.monotonic()
+    holds_key = True
+    circuit_fresh = True
+    while True:
+        if holds_key:
+            wakeups.renew(key)
+        wakeups.take_permit(permits, worker, limit=limit)
+        try:
+            wait = ratelimit.bulk_wait(bot.pk, bot.rate_limit)
+        except ratelimit.LIMITER_ERRORS as exc:
+            logger.warning("rate limiter unreachable (%s): broadcast drain of bot %s waits", exc, bot_id)
+            wait = LIMITER_RETRY_SECONDS
+        if wait > BULK_WAIT_IN_PLACE_SECONDS or time.monotonic() - started > TIME_BUDGET_SECONDS:
+            return _continue_broadcasts(bot_id, wait, report=report, holds_key=holds_key)
+        if wait > 0:
+            time.sleep(wait)
+        if not circuit_fresh:
+            circuit = selectors.bot_circuit(bot_id)
+        circuit_fresh = False
+        messages = _claim_due(bot, circuit, worker=worker, lease=lease, size=size, bulk=True)
+        if not messages:
+            if holds_key:
+                # Let go of the key, then look once more (as the replies' drain does).
+                wakeups.release(key)
+                holds_key = False
+                continue
+            _wake_for_next_broadcast(bot_id)
+            return report
+        failpoint("after_claim")
+        report.batches += 1
+        for message in messages:
+            message._state.fields_cache["bot"] = bot
+        ready = _drop_expired_and_vetoed(messages, worker=worker, report=report)
+        go, held, entries = _take_turns(bot, ready, worker=worker, report=report, bulk=True)
+        dirty = circuit is not None and not (circuit.state == CircuitState.CLOSED and circuit.consecutive_failures == 0)
+        held = _send(bot, go, worker=worker, report=report, held=held, circuit_dirty=dirty, entries=entries)
+        wait = None if held is None else max(0.0, held - time.monotonic())
+        if wait is not None and wait > BULK_WAIT_IN_PLACE_SECONDS:
+            return _continue_broadcasts(bot_id, wait, report=report, holds_key=holds_key)
+
+
+def _continue_broadcasts(bot_id: int, wait: float, *, report: DrainReport, holds_key: bool) -> DrainReport:
+    report.continuation = min(max(0.0, wait - BULK_WAIT_IN_PLACE_SECONDS), policy.MAX_BROKER_COUNTDOWN_SECONDS)
+    continue_bulk_drain(bot_id, report.continuation, holds_key=holds_key)
+    return report
+
+
+def _wake_for_next_broadcast(bot_id: int) -> None:
+    """The drain stops: a timer for the bot's next broadcast message to fall due within a
+    broker countdown. One due already and not claimed waits for what holds it (an open
+    circuit, its ramp, another drain) and the sweeper; a later one, for the sweeper."""
+    due = selectors.next_broadcast_due(bot_id)
+    if due is None:
+        return
+    countdown = (due - timezone.now()).total_seconds()
+    if 0 < countdown <= policy.MAX_BROKER_COUNTDOWN_SECONDS:
+        wake_bulk_drain(bot_id, countdown=countdown)
 
 
 # The inline send takes the bot's slots this far ahead at most: the rest of a batch goes to
@@ -566,19 +706,24 @@ def _send_now(bot, message_ids: list[int], written_claimed: dict[int, OutboundMe
 
 
 def _take_turns(
-    bot, messages: list[OutboundMessage], *, worker: str, report: DrainReport
+    bot, messages: list[OutboundMessage], *, worker: str, report: DrainReport, bulk: bool = False
 ) -> tuple[list[tuple[OutboundMessage, float]], float | None, dict[int, ratelimit.Entry]]:
     """`_take_slots` for the inline send, in one round trip to the limiter where it can
     (ratelimit.take_now): the sends whose slot is now come with their window entries, which
-    `_window` would otherwise take at the slot one round trip each."""
+    `_window` would otherwise take at the slot one round trip each. `bulk`: a broadcast
+    drain's batch, the slots within BULK_SLOT_HORIZON_SECONDS only while no reply waits
+    for one, all of them going at once (a busy chat's message waits in its row)."""
+    horizon = BULK_SLOT_HORIZON_SECONDS if bulk else INLINE_HORIZON_SECONDS
     try:
         turns = ratelimit.take_now(
-            bot.pk, bot.rate_limit, [limited_chat_id(m) for m in messages], horizon=INLINE_HORIZON_SECONDS
+            bot.pk, bot.rate_limit, [limited_chat_id(m) for m in messages], horizon=horizon, bulk=bulk
         )
     except ratelimit.LIMITER_ERRORS as exc:
         return [], _limiter_unreachable(messages, worker=worker, report=report, exc=exc), {}
     if turns is None:
-        go, held = _take_slots(bot, messages, worker=worker, report=report, horizon=INLINE_HORIZON_SECONDS)
+        # The limiter off, or a group's moving window: slots one by one (a broadcast's too,
+        # without the replies' priority).
+        go, held = _take_slots(bot, messages, worker=worker, report=report, horizon=horizon)
         return go, held, {}
     go: list[tuple[OutboundMessage, float]] = []
     busy: list[tuple[OutboundMessage, ratelimit.Wait]] = []
@@ -587,9 +732,10 @@ def _take_turns(
     for message, turn in zip(messages, turns, strict=True):
         if turn.kind == "chat":
             busy.append((message, ratelimit.Wait(turn.seconds)))
-        elif turn.kind in ("none", "paused"):
-            # The bot's slots are taken beyond the horizon, or a 429 pauses it: still due,
-            # for the drain.
+        elif turn.kind in ("none", "paused", "busy") or (bulk and turn.kind == "full"):
+            # The bot's slots are taken beyond the horizon (a bulk batch: a reply waits for
+            # the next one, or the window is full), or a 429 pauses it: still due, for the
+            # drain.
             transitions.release(message, worker=worker, next_attempt_at=message.next_attempt_at)
             held = max(held or 0.0, time.monotonic() + turn.seconds)
         else:

@@ -13,6 +13,7 @@ from rest_framework.test import APIClient
 
 from outbox import idempotency, services
 from outbox.models import IdempotencyRecord, OutboundMessage, State
+from outbox.sending import batch
 from reconciliation.sweeper import sweep
 from tests.outbox.helpers import api_client, drive, limiter_redis_at
 from tests.support import free_port, queued
@@ -307,12 +308,15 @@ def test_a_broadcast_while_redis_is_down_is_stored_201_and_the_sweeper_sends_it_
     assert {m.state for m in messages} == {State.PENDING}
     assert all(m.next_attempt_at <= timezone.now() for m in messages)
 
-    # Redis is back: the sweeper hands them to workers, which send each once.
+    # Redis is back: the sweeper wakes the bot's broadcast drain (on the bulk queue, not one
+    # task per message), which sends each once.
     with override_settings(DOVECOTE_REDISPATCH_GRACE_SECONDS=0):
-        assert sweep()["messages_redispatched"] == 3
-    tasks = queued() + queued(settings.CELERY_TASK_QUEUE_BULK)
-    assert {t.args[0] for t in tasks if t.name == "outbox.send_outbound_message"} == set(data["message_ids"])
-    assert {drive(pk)[1].state for pk in data["message_ids"]} == {State.SENT}
+        assert sweep()["broadcast_drains_woken"] == 1
+    assert queued() == []
+    bulk = queued(settings.CELERY_TASK_QUEUE_BULK)
+    assert [(t.name, t.args) for t in bulk] == [("outbox.drain_broadcasts", [bot.pk])]
+    assert batch.outbound_broadcasts_drain(bot.pk).sent == 3
+    assert {m.state for m in messages.all()} == {State.SENT}
     assert sorted(c["chat_id"] for c in sandbox.calls(token=bot.token, method="sendMessage")) == [21, 22, 23]
 
 

@@ -160,3 +160,11 @@ def test_the_due_messages_of_one_bot_use_an_index(history: None) -> None:
     plan = sweeper.messages_due_qs(NOW, bot_id=1).order_by("next_attempt_at").values_list("pk")[:10].explain()
     assert "Seq Scan" not in plan, plan
     assert "outbox_due_idx" in plan or "outbox_open_chat_idx" in plan, plan
+
+
+def test_the_sweepers_looks_for_broadcasts_use_an_index_of_waiting_rows(history: None) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+    for plan in (sweeper.broadcasts_overdue_bots_qs(NOW).explain(), sweeper.broadcasts_upcoming_qs(NOW).explain()):
+        assert "Seq Scan" not in plan, plan
+        assert "outbox_bulk_due_idx" in plan or "outbox_due_idx" in plan, plan
