@@ -66,6 +66,17 @@ def drop_database(db: str) -> None:
         client.delete(*keys)
 
 
+def stop_all(procs: list[Proc], db: str) -> None:
+    """A bench's end: its processes stopped (by PID, the last started first), its connections
+    closed, its database and Redis keys dropped."""
+    for proc in reversed(procs):
+        proc.stop()
+    from django.db import connections
+
+    connections.close_all()
+    drop_database(db)
+
+
 def django_setup(env: dict[str, str]) -> None:
     os.environ.update(env)
     sys.path.insert(0, str(ROOT))
@@ -125,6 +136,22 @@ def start_sandbox(env: dict[str, str], *extra: str) -> tuple[Proc, str]:
     return proc, url
 
 
+def start_web(env: dict[str, str]) -> tuple[Proc, str]:
+    """gunicorn as the Procfile's `web` runs it (gunicorn.conf.py), on a free port."""
+    port = free_port()
+    proc = Proc("web", [str(BIN / "gunicorn"), "project.wsgi"], {**env, "BIND": f"127.0.0.1:{port}"})
+    url = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        try:
+            return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_until(up, 30, "the web process")
+    return proc, url
+
+
 def start_worker(env: dict[str, str], *, pool: str, concurrency: int, prefetch: int = 1) -> Proc:
     """A worker at log level warning (per-task info lines would cost as much as the work);
     callers find it ready by sending a warm-up message through it."""
@@ -151,6 +178,31 @@ def start_worker(env: dict[str, str], *, pool: str, concurrency: int, prefetch: 
         str(prefetch),
     ]
     return Proc("worker", args, env)
+
+
+def bare_loop(url: str, token: str, n: int) -> float:
+    """Messages/s of the same sends, one after another, straight through python-telegram-bot
+    (no database): the most a bot's own loop gets from this sandbox on this machine. A 429
+    (the sandbox's limit, when the loop is faster) is waited out, as a bot would."""
+    import asyncio
+
+    import telegram
+    from telegram.error import RetryAfter
+    from telegram.request import HTTPXRequest
+
+    async def run() -> float:
+        bot = telegram.Bot(token, base_url=f"{url}/bot", request=HTTPXRequest(connection_pool_size=8))
+        async with bot:
+            await bot.send_message(chat_id=1, text="warm-up")
+            start = time.perf_counter()
+            for i in range(n):
+                try:
+                    await bot.send_message(chat_id=10_000 + i, text=f"bare {i}")
+                except RetryAfter as exc:
+                    await asyncio.sleep(float(exc.retry_after))
+            return time.perf_counter() - start
+
+    return n / asyncio.run(run())
 
 
 def sandbox_calls(url: str, token: str) -> list[dict[str, Any]]:

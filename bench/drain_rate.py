@@ -15,31 +15,13 @@ The sandbox runs as its own process; its HTTP server and the worker share the 2 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import time
 
 import _common as c
+from _common import bare_loop
 
 from outbox import dispatch
 
 DB = "dovecote_bench"
-
-
-def bare_loop(url: str, token: str, n: int) -> float:
-    """The same sends, one after another, straight through python-telegram-bot."""
-    import telegram
-    from telegram.request import HTTPXRequest
-
-    async def run() -> float:
-        bot = telegram.Bot(token, base_url=f"{url}/bot", request=HTTPXRequest(connection_pool_size=8))
-        async with bot:
-            await bot.send_message(chat_id=1, text="warm-up")
-            start = time.perf_counter()
-            for i in range(n):
-                await bot.send_message(chat_id=10_000 + i, text=f"bare {i}")
-            return time.perf_counter() - start
-
-    return n / asyncio.run(run())
 
 
 def main() -> None:
