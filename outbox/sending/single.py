@@ -175,8 +175,10 @@ def _send_batch_now(bot_id: int, message_ids: list[int], bot: Any, claimed: dict
     try:
         left = outbound_messages_send_now(bot_id, message_ids, bot=bot, claimed=claimed)
     except Exception:
-        logger.exception("messages %s: sending them inline failed; the sweeper dispatches them", message_ids)
-        return
+        # Those it had not claimed yet are the drain's at once, not the sweeper's a grace
+        # later (a backlog's tail once waited 30 s so); those it had, the sweeper's.
+        logger.exception("messages %s: sending them inline failed; the drain takes them", message_ids)
+        left = message_ids
     if left:
         dispatch(left[0], bot_id=bot_id)  # one wake-up of the bot's drain takes them all
 

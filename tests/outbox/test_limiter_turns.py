@@ -131,6 +131,37 @@ def test_an_inline_send_whose_messages_another_worker_claimed_first_leaves_them_
     assert (message.state, message.lease_owner, message.attempts) == (State.SENDING, "the-other-worker", 0)
 
 
+def explode_on_boom(message: OutboundMessage) -> str:
+    """A project's relevance check with a bug: it raises on one message."""
+    if message.payload.get("text") == "boom":
+        raise RuntimeError("the relevance check failed")
+    return ""
+
+
+@override_settings(DOVECOTE_RELEVANCE_CHECK="tests.outbox.test_limiter_turns.explode_on_boom")
+def test_an_inline_send_that_fails_hands_what_it_had_not_claimed_to_the_drain_not_the_sweeper(bot, sandbox) -> None:
+    from outbox import wakeups
+    from outbox.dispatch import drain_key
+    from outbox.sending import batch, single
+    from outbox.services import outbound_message_enqueue
+    from tests.support import queued
+
+    messages = [
+        outbound_message_enqueue(
+            bot_id=bot.pk, chat_id=620 + n, payload={"text": "boom" if n == 0 else f"n{n}"}, idempotency_key=f"b{n}"
+        )[0]
+        for n in range(10)
+    ]
+    wakeups.release(drain_key(bot.pk))  # as a worker holding them would find it: no drain coming
+
+    # Its first batch (8 at 30/s) fails; the two it had not claimed go to the bot's drain.
+    single.send_held([(m.pk, bot.pk) for m in messages])
+
+    assert [t.name for t in queued()] == ["outbox.drain_bot"]
+    assert batch.outbound_messages_drain(bot.pk).sent == 2
+    assert sorted(sandbox.sent_texts(token=bot.token)) == ["n8", "n9"]
+
+
 # --- the bulk lane: a broadcast's sends take what replies leave ----------------------------
 
 
