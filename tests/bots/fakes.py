@@ -1,6 +1,11 @@
 """Local stand-ins for the other side of a consumer: a fake CRM and a fake OpenAI-compatible
 chat-completions endpoint, real HTTP servers (stdlib http.server) on 127.0.0.1 in a thread.
-Plus helpers that drive the inbox pipeline in-process (store, route, run, deliver)."""
+Plus helpers that drive the inbox pipeline in-process (store, route, run, deliver).
+
+With inline work on (the default) routing also runs the inline-safe consumers (the echo
+auto-reply, analytics), and a run sends the replies it wrote right after their commit. That
+send waits for the commit: a test that expects it needs `django_db(transaction=True)` (in a
+test's rolled-back transaction the replies stay claimed, unsent, and `deliver` skips them)."""
 
 from __future__ import annotations
 
@@ -158,9 +163,15 @@ def message_update(
     }
 
 
+def store(bot: Bot, payload: dict[str, Any]) -> InboundUpdate:
+    """What the webhook does: the update stored, not routed yet."""
+    return inbox_update_store(bot=bot, payload=payload)[0]
+
+
 def receive(bot: Bot, payload: dict[str, Any]) -> InboundUpdate:
-    """What the webhook does (store), then what the route task does."""
-    update, _ = inbox_update_store(bot=bot, payload=payload)
+    """What the webhook does (store), then what the route task does (with inline work, the
+    inline-safe runs too)."""
+    update = store(bot, payload)
     inbox_update_route(update.pk)
     return update
 
