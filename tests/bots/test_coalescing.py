@@ -16,7 +16,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from bots import replies, transitions
-from bots.models import ChatState, ConsumerRun, RunState
+from bots.models import ChatState, ConsumerRun, InboundUpdate, RunState
 from bots.services import inbox_update_route, inbox_updates_route
 from outbox.models import OutboundMessage
 from tests.bots.fakes import deliver, execute, message_update, receive, run_of, store
@@ -70,6 +70,23 @@ def test_three_messages_within_the_window_get_one_reply_and_a_later_fourth_its_o
         "Echo: Hi\nStill available?\nDelivery?",
         "Echo: Hello??",
     ]
+
+
+@override_settings(DOVECOTE_REPLY_DEBOUNCE_SECONDS=DEBOUNCE)
+def test_a_router_pass_answers_a_quiet_chat_and_defers_a_busy_one_each_run_once(bot, sandbox, caplog) -> None:
+    quiet = store(bot, message_update(chat_id=21, text="anyone?", message_id=1))
+    InboundUpdate.objects.filter(pk=quiet.pk).update(received_at=timezone.now() - timedelta(seconds=10))
+    busy = store(bot, message_update(chat_id=22, text="hi", message_id=1))
+
+    with caplog.at_level("WARNING", logger="bots.services"):
+        assert inbox_updates_route(bot.pk) == 2
+
+    # One router pass, each run settled once: the quiet chat's answered (and sent), the
+    # busy one's deferred, and nothing logged as failed.
+    assert run_of(quiet, "auto_reply").outcome == "answered 1"
+    assert sandbox.sent_texts(token=bot.token, chat_id=21) == ["Echo: anyone?"]
+    assert run_of(busy, "auto_reply").state == RunState.PENDING
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == []
 
 
 @override_settings(DOVECOTE_REPLY_DEBOUNCE_SECONDS=DEBOUNCE)
