@@ -9,5 +9,8 @@ class BotsConfig(AppConfig):
         # Consumers register themselves on import; discover every app's consumers.py.
         from bots import checks, signals  # noqa: F401 - registers the checks, connects the Celery receivers
         from bots.registry import autodiscover
+        from bots.transitions import renew_run_leases
+        from outbox.workers import lease_keeper
 
+        lease_keeper.register("run", renew_run_leases)
         autodiscover()

@@ -19,8 +19,8 @@ A string the consumer returns is stored on the run as its outcome.
 
 A run is interrupted after its consumer's `timeout` (default DOVECOTE_CONSUMER_TIMEOUT_SECONDS;
 Celery's soft time limit, so a prefork or gevent worker) and that counts as a failed, transient
-attempt. The timeout must be below DOVECOTE_CONSUMER_LEASE_SECONDS: past the lease the sweeper
-takes the run for lost and gives it to another worker.
+attempt. Meanwhile its worker renews the run's short lease (outbox/workers.py): a dead worker's
+run is taken over within DOVECOTE_CONSUMER_LEASE_SECONDS, a live one's never.
 """
 
 from __future__ import annotations

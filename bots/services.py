@@ -27,7 +27,7 @@ from outbox.logs import current_trace_id
 from outbox.models import Circuit, CircuitState, DeadLetter
 from outbox.publishing import publish
 from outbox.sending import single
-from outbox.workers import worker_id
+from outbox.workers import lease_keeper, worker_id
 from project import rows
 from project.ids import time_ordered_id
 
@@ -164,10 +164,15 @@ def dispatch_update(update_pk: int) -> bool:
     return publish(route_update, (update_pk,), what=f"update {update_pk}")
 
 
+# A run's worker still stuck this long after the soft limit interrupted its consumer (a call
+# that ignores the interruption) is ended by Celery's hard limit; its lease then runs out.
+HARD_LIMIT_GRACE_SECONDS = 30.0
+
+
 def dispatch_run(run_pk: int, *, countdown: float = 0.0, consumer: str | None = None) -> bool:
     """Publish the run's task with its consumer's time limits: the soft limit interrupts the
-    consumer (a failed attempt, see consumer_run_execute); the hard one, at the lease, stops
-    a worker stuck past it, whose run the sweeper then recovers."""
+    consumer (a failed attempt, see consumer_run_execute); the hard one, a grace later, ends
+    a worker stuck past it, whose run the sweeper then recovers once its lease runs out."""
     from bots.tasks import run_consumer
     from outbox.policy import MAX_BROKER_COUNTDOWN_SECONDS
 
@@ -180,7 +185,7 @@ def dispatch_run(run_pk: int, *, countdown: float = 0.0, consumer: str | None = 
     if spec is not None:
         limits = {
             "soft_time_limit": spec.time_limit(),
-            "time_limit": float(settings.DOVECOTE_CONSUMER_LEASE_SECONDS),
+            "time_limit": spec.time_limit() + HARD_LIMIT_GRACE_SECONDS,
         }
     return publish(run_consumer, (run_pk,), countdown=countdown, what=f"consumer run {run_pk}", **limits)
 
@@ -310,7 +315,8 @@ def _run_inline_and_log(updates: list[InboundUpdate], routing: Routing) -> None:
     per update: where it went and what ran here (a run's failure logs its own)."""
     token = _quiet_success.set(True)
     try:
-        outcomes = consumer_runs_execute_inline(routing.inline) if routing.inline else {}
+        with lease_keeper.holding("run", [run.pk for run in routing.inline]):
+            outcomes = consumer_runs_execute_inline(routing.inline) if routing.inline else {}
     finally:
         _quiet_success.reset(token)
     by_update: dict[int, list[tuple[int, str]]] = {}
@@ -445,16 +451,17 @@ def consumer_run_execute(run_pk: int) -> str:
         nonlocal consumer
         consumer = name
 
-    if not settings.DOVECOTE_INLINE_WORK:
-        outcome = _consumer_run_execute(run_pk, named)
-    else:
-        # The replies this run writes go out from this worker right after their commit.
-        held: list[tuple[int, int]] = []
-        try:
-            with outbox_dispatch.holding() as held:
-                outcome = _consumer_run_execute(run_pk, named)
-        finally:
-            single.send_held(held)
+    with lease_keeper.holding("run", [run_pk]):
+        if not settings.DOVECOTE_INLINE_WORK:
+            outcome = _consumer_run_execute(run_pk, named)
+        else:
+            # The replies this run writes go out from this worker right after their commit.
+            held: list[tuple[int, int]] = []
+            try:
+                with outbox_dispatch.holding() as held:
+                    outcome = _consumer_run_execute(run_pk, named)
+            finally:
+                single.send_held(held)
     metrics.CONSUMER_RUNS.labels(consumer=consumer, outcome=outcome).inc()
     return outcome
 
@@ -712,7 +719,7 @@ def _dead_letter_run(run: ConsumerRun, transition: Callable[[], bool], *, error:
     return True
 
 
-LOST_RUN_ERROR = "worker lost: still running when its lease of {lease}s ran out (died, killed or hung)"
+LOST_RUN_ERROR = "worker lost: it stopped renewing the run's lease of {lease}s (died, or stuck past its time limit)"
 
 
 def consumer_run_recover_expired(run_pk: int) -> str:

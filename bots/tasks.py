@@ -4,13 +4,28 @@ from celery import Task, shared_task
 
 from bots import services
 
+# A router hands its worker back after its time budget (services.ROUTE_TIME_BUDGET_SECONDS)
+# and its inline sends wait for a slow Bot API only briefly: one still running after these
+# is stuck (an inline consumer that hangs), and Celery ends it; the runs it held are taken
+# over once their leases run out, and its wake-up key expires for the next router.
+ROUTER_SOFT_TIME_LIMIT = 60
+ROUTER_TIME_LIMIT = 90
 
-@shared_task(name="bots.route_update", ignore_result=True)
+
+@shared_task(
+    name="bots.route_update", ignore_result=True, soft_time_limit=ROUTER_SOFT_TIME_LIMIT, time_limit=ROUTER_TIME_LIMIT
+)
 def route_update(update_pk: int) -> int:
     return len(services.inbox_update_route(update_pk))
 
 
-@shared_task(name="bots.route_bot", ignore_result=True, bind=True)
+@shared_task(
+    name="bots.route_bot",
+    ignore_result=True,
+    bind=True,
+    soft_time_limit=ROUTER_SOFT_TIME_LIMIT,
+    time_limit=ROUTER_TIME_LIMIT,
+)
 def route_bot(self: Task, bot_id: int) -> int:
     # A worker's router lingers for the next update; one run eagerly (in-process) does not.
     return services.inbox_router_run(bot_id, linger=not self.request.is_eager)

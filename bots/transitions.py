@@ -183,6 +183,14 @@ def claim_runs(run_ids: list[int], *, worker: str, lease: timedelta) -> dict[int
     return dict(claimed)
 
 
+def renew_run_leases(run_ids: list[int], *, worker: str, lease: timedelta) -> int:
+    """running -> running with a fresh lease, for the runs this worker still holds (the lease
+    keeper's tick, outbox/workers.py). Not `updated_at`: a renewal changes nothing of the run."""
+    return ConsumerRun.objects.filter(pk__in=run_ids, state=RunState.RUNNING, lease_owner=worker).update(
+        lease_expires_at=timezone.now() + lease
+    )
+
+
 def _owned(run_id: int, worker: str):
     return ConsumerRun.objects.filter(pk=run_id, state=RunState.RUNNING, lease_owner=worker)
 

@@ -32,12 +32,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
@@ -89,7 +88,17 @@ def _worker() -> str:
 
 
 def _default_lease() -> timedelta:
-    return timedelta(seconds=settings.DOVECOTE_CONSUMER_LEASE_SECONDS)
+    from outbox.workers import claim_lease
+
+    return claim_lease()
+
+
+def renew_effect_leases(keys: list[str], *, worker: str, lease: timedelta) -> int:
+    """started -> started with a fresh lease, for the effects this worker still runs (the
+    lease keeper's tick, outbox/workers.py)."""
+    return Effect.objects.filter(key__in=keys, state=EffectState.STARTED, lease_owner=worker).update(
+        lease_expires_at=timezone.now() + lease
+    )
 
 
 def _acquire(key: str, *, worker: str, lease: timedelta, trace_id: str) -> Effect | None:
@@ -240,8 +249,13 @@ def effect(
         if row is None and Effect.objects.filter(key=key, state=EffectState.STARTED).exists():
             raise EffectInProgress(f"effect {key} was taken by another worker")
 
+    from outbox.workers import lease_keeper
+
+    # A lease the caller chose is its own to keep; the default one lives as long as the effect.
+    keeping = lease_keeper.holding("effect", [key]) if lease is None else nullcontext()
     try:
-        yield handle
+        with keeping:
+            yield handle
     except (EffectFailed, *not_applied) as exc:
         _finish(key, worker=worker, state=EffectState.FAILED, last_error=f"{type(exc).__name__}: {exc}"[:2000])
         raise

@@ -8,7 +8,8 @@ worker and every Celery child, on any host or dyno, adds into the same totals, a
 `/metrics` on any web process reads them. A Procfile platform's worker dynos cannot be
 scraped and share no disk with web, so per-host sums (prometheus-client's multiprocess
 directory) would leave the sends, retries and dead letters they count out of every
-alert. What a process counted while Redis was away is shipped when it answers again; if
+alert. What a process counted while Redis was away is shipped when it answers again, and
+a shipment Redis applied but whose answer was lost is not added again (`Shipper`); if
 Redis itself restarts empty, the totals start again from zero, which Prometheus's rate()
 and increase() read as a counter reset. Without REDIS_URL, /metrics shows the answering
 process's own counts.
@@ -22,9 +23,12 @@ import atexit
 import json
 import logging
 import os
+import socket
 import threading
 import time
-from collections.abc import Iterable, Iterator
+import uuid
+from collections.abc import Callable, Collection, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
@@ -154,15 +158,61 @@ def _field(family: str, sample: str, labels: dict[str, str]) -> str:
     return field
 
 
+# Adds one shipment to the totals unless this process's sequence entry says it was added
+# already: a retried shipment whose first reply was lost counts once.
+# KEYS: the totals hash, this process's sequence entry.
+# ARGV: the shipment's sequence, seconds the entry is kept, then field, change, field, change, ...
+_SHIP_LUA = """
+local seq = tonumber(ARGV[1])
+if seq <= tonumber(redis.call('GET', KEYS[2]) or '0') then
+  return 0
+end
+for i = 3, #ARGV, 2 do
+  redis.call('HINCRBYFLOAT', KEYS[1], ARGV[i], ARGV[i + 1])
+end
+redis.call('SET', KEYS[2], ARGV[1], 'EX', ARGV[2])
+return 1
+"""
+
+# How long Redis remembers a process's last sequence after its last shipment. A retry comes
+# a second after the lost reply, so this only has to outlast the longest time one process
+# stays cut off from Redis; an entry per process that lived in that time is kept, no more.
+SEQUENCE_SECONDS = 24 * 3600
+
+
+def _sequence_key(process: str) -> str:
+    from django.conf import settings
+
+    return f"{settings.DOVECOTE_REDIS_PREFIX}dovecote:metrics:shipped:{process}"
+
+
+def _process_id() -> str:
+    """Unique across hosts and restarts (a container's pid repeats), readable in a key."""
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+
+
+@dataclass(frozen=True)
+class Shipment:
+    sequence: int
+    changes: dict[str, float]
+    totals: dict[str, float]  # the snapshot the changes lead to
+
+
 class Shipper:
     """This process's counts, added to the shared Redis hash as the change since the last
-    shipment. One MULTI/EXEC per shipment, so a failed one adds nothing and the next one
-    carries its change too."""
+    shipment. Each shipment is numbered, and one script adds it only if its number is newer
+    than the last one Redis holds for this process: a failed shipment (no answer, or an
+    answer lost after Redis applied it) is sent again as it was, under the same number, and
+    counts once whichever way it failed. What changed meanwhile follows under the next."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.shipped: dict[str, float] = {}
         self.client: Any = None
+        self.script: Any = None
+        self.process = _process_id()
+        self.sequence = 0
+        self.pending: Shipment | None = None
 
     def snapshot(self) -> dict[str, float]:
         values: dict[str, float] = {}
@@ -186,30 +236,46 @@ class Shipper:
         if not settings.configured or not settings.REDIS_URL:
             return False
         with self.lock:
+            if self.pending is not None and not self._send(self.pending):
+                return False
             snapshot = self.snapshot()
             # A new series ships even at 0: the first error of an outage is then an increase.
             changed = {k: v - self.shipped.get(k, 0.0) for k, v in snapshot.items() if self.shipped.get(k) != v}
             if not changed:
                 return True
-            import redis
+            self.sequence += 1
+            self.pending = Shipment(self.sequence, changed, snapshot)
+            return self._send(self.pending)
 
-            try:
-                pipe = self.redis().pipeline(transaction=True)
-                key = _shared_key()
-                for field, change in changed.items():
-                    pipe.hincrbyfloat(key, field, change)
-                pipe.execute()
-            except (redis.RedisError, OSError) as exc:
-                logger.debug("metrics not shipped, kept for the next try: %s", exc)
-                return False
-            self.shipped.update(snapshot)
-            return True
+    def _send(self, shipment: Shipment) -> bool:
+        import redis
+
+        args: list[Any] = [shipment.sequence, SEQUENCE_SECONDS]
+        for field, change in shipment.changes.items():
+            args += [field, repr(change)]
+        try:
+            if self.script is None:
+                self.script = self.redis().register_script(_SHIP_LUA)
+            added = self.script(keys=[_shared_key(), _sequence_key(self.process)], args=args, client=self.redis())
+        except (redis.RedisError, OSError) as exc:
+            logger.debug("metrics not shipped, kept for the next try: %s", exc)
+            return False
+        if not added:
+            logger.debug("metrics shipment %d was added before its reply got lost", shipment.sequence)
+        self.shipped.update(shipment.totals)
+        self.pending = None
+        return True
 
     def forked(self) -> None:
         """In a new child (a prefork or gunicorn worker): what the parent counted is the
-        parent's to ship, so the child starts from it; and a fresh lock and connection."""
+        parent's to ship (its unanswered shipment too), so the child starts from it, under a
+        number sequence of its own; and a fresh lock and connection."""
         self.lock = threading.Lock()
         self.client = None
+        self.script = None
+        self.process = _process_id()
+        self.sequence = 0
+        self.pending = None
         self.shipped = self.snapshot()
 
 
@@ -249,6 +315,36 @@ os.register_at_fork(
 )
 atexit.register(ship)
 _start_shipping()
+
+
+def prune_bots(existing: Callable[[], Collection[str]]) -> int:
+    """Remove from the shared totals the series labelled with a bot that is gone: deleted,
+    or renamed (its old name), as Prometheus users expect of a target's label that no longer
+    exists. `existing` names the bots there are; it is asked after the series are read, so a
+    series of a bot created meanwhile still finds its bot. Returns the number of series
+    removed (0 without Redis, or when it does not answer: the next sweep tries again).
+
+    A process still counting under the old name (a send in flight at the rename) adds its
+    series back with that change alone, and the next prune removes it."""
+    from django.conf import settings
+
+    if not settings.REDIS_URL:
+        return 0
+    import redis
+
+    try:
+        client = SHIPPER.redis()
+        key = _shared_key()
+        fields = client.hkeys(key)
+        # bot="" is the webhook's unknown or refused name, not a bot that went away.
+        kept = {"", *existing()}
+        gone = [field for field in fields if json.loads(field)[2].get("bot", "") not in kept]
+        if gone:
+            client.hdel(key, *gone)
+    except (redis.RedisError, OSError) as exc:
+        logger.warning("metrics of deleted or renamed bots not pruned: Redis does not answer (%s)", exc)
+        return 0
+    return len(gone)
 
 
 class SharedCounts(Collector):

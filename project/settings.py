@@ -292,13 +292,12 @@ DOVECOTE_INLINE_WORK = env.bool("DOVECOTE_INLINE_WORK", default=True)
 # tasks wait in the broker's queues. 0: every update after a pause costs a publish and a hop.
 DOVECOTE_ROUTER_LINGER_SECONDS = env.float("DOVECOTE_ROUTER_LINGER_SECONDS", default=1.0)
 DOVECOTE_SEND_LEASE_SECONDS = env.int("DOVECOTE_SEND_LEASE_SECONDS", default=60)
-DOVECOTE_CONSUMER_LEASE_SECONDS = env.int("DOVECOTE_CONSUMER_LEASE_SECONDS", default=300)
+# A consumer run's (and an effect's) claim: its live worker renews it every third of this
+# (outbox/workers.py), so a dead worker's runs are taken over within it.
+DOVECOTE_CONSUMER_LEASE_SECONDS = env.int("DOVECOTE_CONSUMER_LEASE_SECONDS", default=15)
 # A consumer run is interrupted after this (Celery's soft time limit; a consumer's own `timeout`
-# overrides it) and that counts as a failed attempt. Below the lease, so a slow run fails on its
-# own worker instead of being taken for a dead one (bots/checks.py refuses anything else).
-DOVECOTE_CONSUMER_TIMEOUT_SECONDS = env.float(
-    "DOVECOTE_CONSUMER_TIMEOUT_SECONDS", default=DOVECOTE_CONSUMER_LEASE_SECONDS * 0.8
-)
+# overrides it) and that counts as a failed attempt; a worker still stuck a grace later is ended.
+DOVECOTE_CONSUMER_TIMEOUT_SECONDS = env.float("DOVECOTE_CONSUMER_TIMEOUT_SECONDS", default=240.0)
 DOVECOTE_OUTBOX_MAX_ATTEMPTS = env.int("DOVECOTE_OUTBOX_MAX_ATTEMPTS", default=8)
 DOVECOTE_RETRY_BASE_SECONDS = env.float("DOVECOTE_RETRY_BASE_SECONDS", default=1.0)
 DOVECOTE_RETRY_MAX_SECONDS = env.float("DOVECOTE_RETRY_MAX_SECONDS", default=300.0)
@@ -369,12 +368,14 @@ _COUNTS = (  # at least 1
     "DOVECOTE_BULK_FIRST_BATCH",
     "DOVECOTE_SWEEP_INTERVAL_SECONDS",
     "DOVECOTE_RETENTION_BATCH_SIZE",
+    "DOVECOTE_CONSUMER_LEASE_SECONDS",
 )
 _DURATIONS = (  # above 0
     "DOVECOTE_TELEGRAM_CONNECT_TIMEOUT",
     "DOVECOTE_TELEGRAM_READ_TIMEOUT",
     "DOVECOTE_CRM_TIMEOUT",
     "DOVECOTE_OPENAI_TIMEOUT",
+    "DOVECOTE_CONSUMER_TIMEOUT_SECONDS",
     "DOVECOTE_RETRY_MAX_SECONDS",
     "DOVECOTE_BULK_TICK_SECONDS",
     "DOVECOTE_SWEEP_LEASE_SECONDS",

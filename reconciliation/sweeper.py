@@ -17,7 +17,9 @@ reconciliation/0002, so `beat` needs no set-up). One sweep:
    retry whose next tick was lost;
 6. runs a retention pass (reconciliation/retention.py): payload purges and pruning of every
    app's old rows, in batches within DOVECOTE_RETENTION_BUDGET_SECONDS, once per
-   DOVECOTE_RETENTION_INTERVAL_SECONDS - or on the next tick again while a backlog is left.
+   DOVECOTE_RETENTION_INTERVAL_SECONDS - or on the next tick again while a backlog is left;
+7. sends the ops digest, and removes from /metrics the counters of deleted bots and of
+   renamed bots under their old names (outbox/metrics.py prune_bots).
 
 Two sweepers at once (two beats, a manual run): one runs, the other returns {"skipped": 1}
 at once. The guard is a lease row (reconciliation.models.SweeperLease: holder, expires_at),
@@ -60,7 +62,7 @@ from bots import registry
 from bots import services as bot_services
 from bots import transitions as bot_transitions
 from bots.models import Bot, ConsumerRun, InboundUpdate, RunState, UpdateState
-from outbox import chat_order, circuits, dispatch, policy, ratelimit
+from outbox import chat_order, circuits, dispatch, metrics, policy, ratelimit
 from outbox import transitions as outbox_transitions
 from outbox.models import Circuit, CircuitState, ErrorClass, OnAmbiguous, OutboundMessage, State
 from reconciliation import retention, triage
@@ -366,6 +368,12 @@ def _ops_digest(now: datetime, report: dict[str, int]) -> None:
         logger.exception("ops digest skipped this sweep")
 
 
+def _prune_metrics(now: datetime, report: dict[str, int]) -> None:
+    """A deleted bot's counters, and a renamed bot's under its old name, leave /metrics.
+    The bots table is a handful of rows, read whole (not a `*_qs` of the big tables)."""
+    report["metric_series_pruned"] = metrics.prune_bots(lambda: set(Bot.objects.values_list("name", flat=True)))
+
+
 STEPS = (
     _recover_inbox,
     _recover_runs,
@@ -375,6 +383,7 @@ STEPS = (
     _resume_bulk_retries,
     _retention,
     _ops_digest,
+    _prune_metrics,
 )
 
 
@@ -410,6 +419,7 @@ def sweep() -> dict[str, int]:
             "bulk_retries_pruned",
             "audit_entries_pruned",
             "retention_unfinished",
+            "metric_series_pruned",
         ),
         0,
     )

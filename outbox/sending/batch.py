@@ -38,6 +38,7 @@ from outbox.dispatch import continue_drain, dispatch, drain_key, extra_drain_key
 from outbox.failpoints import failpoint, uncommitted
 from outbox.logs import current_trace_id
 from outbox.models import Attempt, CircuitState, ErrorClass, OutboundMessage
+from outbox.sending.late import late_answers
 from outbox.sending.rules import cancel_reason, limited_chat_id, record_outcome, with_outcome_write_retries
 from outbox.workers import worker_id
 
@@ -281,74 +282,126 @@ def _send(
     circuit_dirty: bool,
     next_in_chat: bool = False,
     entries: dict[int, ratelimit.Entry] | None = None,
+    answer_wait: float | None = None,
 ) -> float | None:
     """Send the batch: at each slot, the chat's limit and the bot's window are checked as the
     single send checks them, the attempt rows are written (one statement, one commit, before
     any request) and the requests go out together; the answers are recorded as they come.
-    Returns until when the bot is held (time.monotonic()), or None."""
+    Returns until when the bot is held (time.monotonic()), or None.
+
+    `answer_wait`: once every request is out, wait this long for the answers at most; those
+    still out are then recorded by this process's late-answers thread (sending/late.py), so
+    that a slow Bot API does not hold the caller (a router sending what it routed)."""
     start = time.monotonic()
     schedule = sorted(go, key=lambda item: item[1])
-    futures: dict[concurrent.futures.Future[botapi.CallOutcome], OutboundMessage] = {}
-    attempts: dict[int, Attempt] = {}
-    pending: set[concurrent.futures.Future[botapi.CallOutcome]] = set()
-    deadline = start
-    answered = False
     # Each send's place in the bot's window, from its slot until its answer (ratelimit.leave);
     # some may come with it already (`_take_turns`).
-    entries = dict(entries or {})
+    answers = InFlight(bot, worker=worker, report=report, held=held, next_in_chat=next_in_chat, entries=entries)
     sent_before = report.sent
-    while schedule or pending:
+    hand_off_at = None if answer_wait is None else start + answer_wait
+    while schedule or answers.pending:
         now = time.monotonic()
         due = [m for m, delay in schedule if start + delay <= now + ratelimit.SLOT_TOLERANCE_SECONDS]
         if due:
             schedule = schedule[len(due) :]
-            due, held = _window(bot, due, worker=worker, report=report, held=held, entries=entries)
+            due, answers.held = _window(
+                bot, due, worker=worker, report=report, held=answers.held, entries=answers.entries
+            )
             begun = transitions.begin_attempts(due, worker=worker)
-            attempts.update(begun)
-            ratelimit.leave([entries.pop(m.pk) for m in due if m.pk not in begun and m.pk in entries], sent=False)
+            answers.attempts.update(begun)
+            ratelimit.leave(
+                [answers.entries.pop(m.pk) for m in due if m.pk not in begun and m.pk in answers.entries], sent=False
+            )
             failpoint("before_request")
             going = [message for message in due if message.pk in begun]
             calls = [(m.method, {"chat_id": m.chat_id, **m.payload}) for m in going]
             started = botapi.submit_many(token=bot.token, base_url=bot.api_base_url, calls=calls, bot_name=bot.name)
-            futures.update(zip(started, going, strict=True))
-            pending.update(started)
-            deadline = time.monotonic() + botapi.send_timeout()
+            answers.add(zip(started, going, strict=True), deadline=time.monotonic() + botapi.send_timeout())
             continue
         next_slot = start + schedule[0][1] if schedule else None
-        if not pending:
+        if not answers.pending:
             time.sleep(max(0.0, next_slot - now))  # type: ignore[operator] - schedule is not empty
             continue
-        until = min(deadline, next_slot) if next_slot is not None else deadline
-        done, pending = concurrent.futures.wait(
-            pending, timeout=max(0.0, until - now), return_when=concurrent.futures.FIRST_COMPLETED
+        if next_slot is None and hand_off_at is not None and now >= hand_off_at:
+            # Every request is out and the answers are slow: recorded by the late-answers
+            # thread, and this caller goes on.
+            answers.circuit_dirty = circuit_dirty and report.sent == sent_before
+            late_answers.take(answers)
+            return answers.held
+        until = min(t for t in (answers.deadline, next_slot, hand_off_at) if t is not None)
+        done, _ = concurrent.futures.wait(
+            answers.pending, timeout=max(0.0, until - now), return_when=concurrent.futures.FIRST_COMPLETED
         )
-        if pending and done:
+        if done and answers.pending - done:
             # Gather the answers that come soon after, to record them in one statement; a
             # slow request does not keep the others' outcomes waiting for more than this.
-            more, pending = concurrent.futures.wait(pending, timeout=RECORD_GATHER_SECONDS)
+            more, _ = concurrent.futures.wait(answers.pending - done, timeout=RECORD_GATHER_SECONDS)
             done |= more
-        if done and not answered:
-            failpoint("after_response")
-            answered = True
-        if not done and time.monotonic() >= deadline:
-            # Our wait ran out: the requests still out may well have reached Telegram.
-            outcomes = [(futures[f], botapi.outcome_of_lost_wait(TimeoutError())) for f in pending]
-            pending = set()
-        else:
-            outcomes = [(futures[f], f.result()) for f in done]
-            # Before the outcomes are recorded: a chat's next message, handed on by its
-            # outcome, finds the chat's gate as the answer left it.
-            ratelimit.leave([entries.pop(m.pk) for m, _ in outcomes if m.pk in entries])
-        held = with_outcome_write_retries(
-            lambda outcomes=outcomes, held=held: _record(
-                outcomes, attempts, worker=worker, report=report, held=held, next_in_chat=next_in_chat
-            ),
-            message_ids=[m.pk for m, _ in outcomes],
-        )
+        answers.settle(done)
     if circuit_dirty and report.sent > sent_before:
         circuits.record_success(circuits.bot_scope(bot.pk))
     failpoint("after_record")
-    return held
+    return answers.held
+
+
+class InFlight:
+    """A batch's requests in flight and what recording their answers needs: whoever waits
+    for them (the batch's own send, or the late-answers thread) settles them here."""
+
+    def __init__(
+        self,
+        bot,
+        *,
+        worker: str,
+        report: DrainReport,
+        held: float | None,
+        next_in_chat: bool,
+        entries: dict[int, ratelimit.Entry] | None,
+    ) -> None:
+        self.bot, self.worker, self.report, self.held, self.next_in_chat = bot, worker, report, held, next_in_chat
+        self.entries = dict(entries or {})
+        self.futures: dict[concurrent.futures.Future[botapi.CallOutcome], OutboundMessage] = {}
+        self.attempts: dict[int, Attempt] = {}
+        self.pending: set[concurrent.futures.Future[botapi.CallOutcome]] = set()
+        self.deadline = time.monotonic()
+        self.answered = False
+        self.circuit_dirty = False  # a success still to be written to the bot's circuit (late answers)
+
+    def add(self, started, *, deadline: float) -> None:
+        for future, message in started:
+            self.futures[future] = message
+            self.pending.add(future)
+        self.deadline = deadline
+
+    def settle(self, done: set[concurrent.futures.Future[botapi.CallOutcome]]) -> None:
+        """Record the answers of `done`; past the deadline with none, every request still out
+        is ambiguous (our wait ran out: it may well have reached Telegram)."""
+        done = done & self.pending
+        if done and not self.answered:
+            failpoint("after_response")
+            self.answered = True
+        if not done and time.monotonic() >= self.deadline:
+            outcomes = [(self.futures[f], botapi.outcome_of_lost_wait(TimeoutError())) for f in self.pending]
+            self.pending = set()
+        else:
+            self.pending -= done
+            outcomes = [(self.futures[f], f.result()) for f in done]
+            # Before the outcomes are recorded: a chat's next message, handed on by its
+            # outcome, finds the chat's gate as the answer left it.
+            ratelimit.leave([self.entries.pop(m.pk) for m, _ in outcomes if m.pk in self.entries])
+        if not outcomes:
+            return
+        self.held = with_outcome_write_retries(
+            lambda: _record(
+                outcomes,
+                self.attempts,
+                worker=self.worker,
+                report=self.report,
+                held=self.held,
+                next_in_chat=self.next_in_chat,
+            ),
+            message_ids=[m.pk for m, _ in outcomes],
+        )
 
 
 def _window(
@@ -437,6 +490,9 @@ def _record(
 # The inline send takes the bot's slots this far ahead at most: the rest of a batch goes to
 # the bot's drain rather than hold the router that wrote it.
 INLINE_HORIZON_SECONDS = 0.05
+# ... and waits this long for Telegram's answers at most; slower ones are recorded by the
+# late-answers thread (sending/late.py), so a slow Bot API never holds up routing.
+INLINE_ANSWER_WAIT_SECONDS = 0.5
 
 
 def outbound_messages_send_now(
@@ -494,7 +550,18 @@ def _send_now(bot, message_ids: list[int], written_claimed: dict[int, OutboundMe
     # Those without a slot went back to waiting: the drain paces them.
     left = [pk for pk in message_ids if pk not in claimed] + [m.pk for m in ready if m.pk not in slotted]
     dirty = any(m.circuit_dirty for m in messages)
-    _send(bot, go, worker=worker, report=report, held=held, circuit_dirty=dirty, next_in_chat=True, entries=entries)
+    _send(
+        bot,
+        go,
+        worker=worker,
+        report=report,
+        held=held,
+        circuit_dirty=dirty,
+        next_in_chat=True,
+        entries=entries,
+        # Answers of this bot already late: Telegram is slow for it now; do not wait at all.
+        answer_wait=0.0 if late_answers.waiting_for(bot_id) else INLINE_ANSWER_WAIT_SECONDS,
+    )
     return left
 
 

@@ -1,6 +1,6 @@
-"""A consumer run has a time limit below its lease: overrunning it is a failed attempt,
-retried with backoff and dead-lettered when the budget is spent. A limit not below the lease
-is refused at start-up (system check and worker)."""
+"""A consumer run has a time limit: overrunning it is a failed attempt, retried with backoff
+and dead-lettered when the budget is spent. The limit may be longer than the run's lease,
+which its live worker renews; a limit of 0 is refused at start-up (system check and worker)."""
 
 from __future__ import annotations
 
@@ -60,32 +60,36 @@ def test_a_consumer_without_its_own_timeout_gets_the_default() -> None:
         registry.unregister("defaulted")
 
 
-def test_a_consumer_whose_timeout_is_not_below_the_lease_fails_the_system_check() -> None:
-    @registry.consumer("overlong", timeout=300)
-    def overlong(ctx: registry.ConsumerContext) -> None:
+def test_a_consumer_whose_timeout_is_not_above_zero_fails_the_system_check() -> None:
+    @registry.consumer("instant", timeout=0)
+    def instant(ctx: registry.ConsumerContext) -> None:
         return None
 
     try:
-        with override_settings(DOVECOTE_CONSUMER_LEASE_SECONDS=300), pytest.raises(SystemCheckError, match="overlong"):
+        with pytest.raises(SystemCheckError, match="instant"):
             call_command("check")
     finally:
-        registry.unregister("overlong")
-    with override_settings(DOVECOTE_CONSUMER_LEASE_SECONDS=300):
-        call_command("check")  # the built-in consumers and the default are fine
+        registry.unregister("instant")
+    call_command("check")  # the built-in consumers and the default are fine
 
 
-def test_a_default_timeout_not_below_the_lease_fails_the_system_check() -> None:
-    with (
-        override_settings(DOVECOTE_CONSUMER_LEASE_SECONDS=60, DOVECOTE_CONSUMER_TIMEOUT_SECONDS=60),
-        pytest.raises(SystemCheckError, match="DOVECOTE_CONSUMER_TIMEOUT_SECONDS"),
-    ):
-        call_command("check")
+def test_a_consumer_timeout_longer_than_the_lease_passes_the_system_check() -> None:
+    # The lease is renewed by the run's live worker (outbox/workers.py): no relation to hold.
+    @registry.consumer("patient", timeout=600)
+    def patient(ctx: registry.ConsumerContext) -> None:
+        return None
+
+    try:
+        with override_settings(DOVECOTE_CONSUMER_LEASE_SECONDS=15):
+            call_command("check")
+    finally:
+        registry.unregister("patient")
 
 
 @pytest.mark.e2e
-def test_a_worker_refuses_to_start_with_a_timeout_not_below_the_lease(process_env: dict[str, str]) -> None:
-    env = {**process_env, "DOVECOTE_CONSUMER_LEASE_SECONDS": "5", "DOVECOTE_CONSUMER_TIMEOUT_SECONDS": "10"}
-    with pytest.raises(AssertionError, match="refusing to start the worker"):
+def test_a_worker_refuses_to_start_with_a_default_timeout_of_zero(process_env: dict[str, str]) -> None:
+    env = {**process_env, "DOVECOTE_CONSUMER_TIMEOUT_SECONDS": "0"}
+    with pytest.raises(AssertionError, match="DOVECOTE_CONSUMER_TIMEOUT_SECONDS=0"):
         start_worker(env, name="worker-refused")
 
 
@@ -95,7 +99,7 @@ def test_a_consumer_that_overruns_its_time_limit_on_a_real_worker_is_retried_the
 ) -> None:
     # tests.bots.sleeper: max_attempts 2, timeout 1 s, sleeps 30 s. (Not imported here: importing
     # it would register the sleeper in this process too.)
-    lease = 6  # the hard limit: far above the sleeper's 1 s soft limit, far below its 30 s sleep
+    lease = 6
     env = {
         **process_env,
         "DJANGO_SETTINGS_MODULE": "tests.bots.sleeper.settings",

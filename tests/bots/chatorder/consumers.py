@@ -20,3 +20,15 @@ def slow_writer(ctx: ConsumerContext) -> str:
         if ctx.text.startswith("hold"):
             time.sleep(HOLD_SECONDS)
     return "answered"
+
+
+LONG_SECONDS = 4.0
+
+
+@consumer("long_runner", update_types=["message"], max_attempts=2)
+def long_runner(ctx: ConsumerContext) -> str:
+    """Works longer than a short lease on messages starting with "long"; its worker is alive."""
+    if not ctx.text.startswith("long"):
+        return "not-mine"
+    time.sleep(LONG_SECONDS)
+    return "worked"
