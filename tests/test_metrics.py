@@ -24,6 +24,7 @@ from outbox.models import OutboundMessage, State
 from outbox.sending.single import outbound_message_send
 from outbox.services import outbound_message_enqueue
 from reconciliation.sweeper import sweep
+from tests.bots.fakes import route
 from tests.bots.test_webhook import SECRET_HEADER, message_update
 from tests.conftest import make_bot
 from tests.reconciliation.test_cases import lost_answer
@@ -98,7 +99,7 @@ def test_a_consumer_run_is_counted_and_its_reply_counts_a_send_and_the_reply_lat
         Moves("dovecote_bot_api_request_duration_seconds_count", method="sendMessage") as timed,
         Moves("dovecote_reply_latency_seconds_count") as latency,
     ):
-        bot_services.inbox_update_route(update.pk)  # runs the echo here and sends its reply
+        route(update)  # runs the echo here and sends its reply
 
     assert OutboundMessage.objects.get(source_update=update).state == State.SENT
     assert (runs.by, sends.by, timed.by, latency.by) == (1, 1, 1, 1)

@@ -17,9 +17,8 @@ from django.utils import timezone
 
 from bots import replies, transitions
 from bots.models import ChatState, ConsumerRun, InboundUpdate, RunState
-from bots.services import inbox_update_route, inbox_updates_route
 from outbox.models import OutboundMessage
-from tests.bots.fakes import deliver, execute, message_update, receive, run_of, store
+from tests.bots.fakes import deliver, execute, message_update, receive, route, route_all, run_of, store
 
 # Transactional: a run's reply leaves after its commit.
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -44,7 +43,7 @@ def test_three_messages_within_the_window_get_one_reply_and_a_later_fourth_its_o
 
     # One router pass routes the burst: the earlier messages' runs finish at once, the
     # newest message's run answers for them once the chat is quiet.
-    assert inbox_updates_route(bot.pk) == 3
+    assert route_all(bot) == 3
     assert [run_of(u, "auto_reply").outcome for u in burst[:2]] == ["coalesced", "coalesced"]
     holder = run_of(burst[2], "auto_reply")
     assert holder.state == RunState.PENDING
@@ -79,7 +78,7 @@ def test_a_router_pass_answers_a_quiet_chat_and_defers_a_busy_one_each_run_once(
     busy = store(bot, message_update(chat_id=22, text="hi", message_id=1))
 
     with caplog.at_level("WARNING", logger="bots.services"):
-        assert inbox_updates_route(bot.pk) == 2
+        assert route_all(bot) == 2
 
     # One router pass, each run settled once: the quiet chat's answered (and sent), the
     # busy one's deferred, and nothing logged as failed.
@@ -115,7 +114,7 @@ def test_a_chat_never_gets_a_second_answer_to_a_message_already_answered(bot, sa
 
     # The earlier message is routed last (its router was lost; the sweeper routes it): its
     # run, in the router, sends nothing more.
-    inbox_update_route(early.pk)
+    route(early)
     assert run_of(early, "auto_reply").outcome == "coalesced"
     # A replayed holder run (its worker died after writing the answer) sends nothing new.
     ConsumerRun.objects.filter(pk=run_of(late, "auto_reply").pk).update(state=RunState.RETRY)
@@ -165,8 +164,8 @@ def test_without_a_debounce_each_message_is_answered_at_once(bot, sandbox) -> No
     second = store(bot, message_update(chat_id=12, text="b", message_id=2))
     # Routed out of order (the first's router was lost; the sweeper routes it): both are
     # still answered, each once, and the guard stays at the newest.
-    inbox_update_route(second.pk)
-    inbox_update_route(first.pk)
+    route(second)
+    route(first)
     assert deliver(bot) == ["sent"]  # the second reply, after the chat's one message a second
     assert sorted(sandbox.sent_texts(token=bot.token, chat_id=12)) == ["Echo: a", "Echo: b"]
     assert ChatState.objects.get(bot=bot, chat_id=12).last_answered_message_id == 2

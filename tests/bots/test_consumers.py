@@ -17,9 +17,20 @@ from django.utils import timezone
 
 from bots import registry
 from bots.models import AnalyticsEvent, ConsumerRun, InboundUpdate, RunState
-from bots.services import consumer_run_execute, inbox_update_route, inbox_update_store, inbox_updates_route
+from bots.services import consumer_run_execute, inbox_update_store
 from outbox.models import DeadLetter, OutboundMessage, State
-from tests.bots.fakes import FakeCRM, FakeOpenAI, deliver, execute, message_update, receive, run_of, store
+from tests.bots.fakes import (
+    FakeCRM,
+    FakeOpenAI,
+    deliver,
+    execute,
+    message_update,
+    receive,
+    route,
+    route_all,
+    run_of,
+    store,
+)
 
 CRM_LOOKUP = "tests.bots.fakes.crm_lookup"
 
@@ -199,7 +210,7 @@ def test_replay_of_a_finished_update_gets_no_second_reply_and_runs_nothing_again
 
     again, created = inbox_update_store(bot=bot, payload=payload)
     assert not created
-    assert inbox_update_route(again.pk) == []
+    assert route(again) == []
     for run in update.runs.all():
         assert consumer_run_execute(run.pk) == "not-waiting"
     assert deliver(bot) == []
@@ -310,7 +321,7 @@ def test_a_run_older_than_its_max_age_is_cancelled_with_a_reason_not_run_late(bo
     update = store(bot, message_update(chat_id=12, text="from yesterday", message_id=1))
     InboundUpdate.objects.filter(pk=update.pk).update(received_at=timezone.now() - timedelta(hours=25))
 
-    inbox_update_route(update.pk)
+    route(update)
 
     run = run_of(update, "auto_reply")
     assert run.state == RunState.CANCELLED
@@ -469,7 +480,7 @@ def test_a_coalesced_burst_longer_than_one_message_is_answered_in_parts_cut_betw
     first_text, second_text = "a" * 3000, "b" * 3000
     first = store(bot, message_update(chat_id=78, text=first_text, message_id=1))
     second = store(bot, message_update(chat_id=78, text=second_text, message_id=2))
-    assert inbox_updates_route(bot.pk) == 2  # one router pass
+    assert route_all(bot) == 2  # one router pass
     assert run_of(first, "auto_reply").outcome == "coalesced"  # into the second's answer
     run = run_of(second, "auto_reply")
     assert run.state == RunState.PENDING  # deferred until the chat is quiet

@@ -69,7 +69,8 @@ def test_a_burst_of_updates_wakes_one_router_which_routes_them_all_in_batches(bo
     assert ConsumerRun.objects.count() == 30 * len(InboundUpdate.objects.first().runs.all())
     assert set(ConsumerRun.objects.values_list("state", flat=True)) == {RunState.DONE}
     assert OutboundMessage.objects.count() == 30
-    waiting = OutboundMessage.objects.exclude(state=State.SENT).count()
+    # (Others may be `sending` still: their answers late, recorded by this process's thread.)
+    waiting = OutboundMessage.objects.filter(state=State.PENDING).exists()
     assert queued_tasks() == (["outbox.drain_bot"] if waiting else [])
 
 
