@@ -7,14 +7,8 @@ from django.http import HttpRequest
 from django.utils.functional import cached_property
 
 from outbox.logs import redact, redact_json
+from outbox.masking import can_view_payload
 from outbox.models import ApiClient, Attempt, Circuit, Effect, ErrorClass
-
-# The permission that shows payloads in full (it lives in reconciliation; named, not imported).
-PAYLOAD_PERMISSION = "reconciliation.view_payload"
-
-
-def sees_payloads(request) -> bool:
-    return bool(request is not None and request.user.has_perm(PAYLOAD_PERMISSION))
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -47,10 +41,15 @@ class RedactedFieldsMixin:
             setattr(cls, f"{name}_redacted", _display(name, redact_json))
 
     def _redacted(self, request, names) -> list[str]:
-        if sees_payloads(request):
+        if can_view_payload(request.user):
             return list(names)
         hidden = {*self.redacted_text_fields, *self.redacted_json_fields}
         return [f"{name}_redacted" if name in hidden else name for name in names]
+
+    def shown(self, request: HttpRequest, obj: Any, name: str) -> Any:
+        """`obj.<name>` as this request's user sees it on the object's page (an export's cell)."""
+        [field] = self._redacted(request, [name])
+        return getattr(self, field)(obj) if field != name else getattr(obj, name)
 
     def get_fields(self, request, obj=None):
         return self._redacted(request, super().get_fields(request, obj))

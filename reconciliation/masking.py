@@ -4,15 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from outbox.masking import can_view_payload
 from outbox.payloads import clip
 
-PAYLOAD_PERMISSION = "reconciliation.view_payload"
 PERSONAL_FIELDS = frozenset({"text", "caption", "phone_number", "first_name", "last_name", "username"})
 MASK = "••• masked •••"
-
-
-def can_view_payload(user: Any) -> bool:
-    return bool(user and user.has_perm(PAYLOAD_PERMISSION))
 
 
 def mask(value: Any) -> Any:

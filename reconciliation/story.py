@@ -8,8 +8,9 @@ from django.db.models import Q
 
 from bots.models import ConsumerRun, InboundUpdate
 from outbox.logs import redact, redact_json
+from outbox.masking import can_view_payload
 from outbox.models import Attempt, DeadLetter, Effect, OutboundMessage
-from reconciliation.masking import can_view_payload, for_user
+from reconciliation.masking import for_user
 from reconciliation.models import AuditEntry, PayloadVersion, ReconciliationCase
 
 

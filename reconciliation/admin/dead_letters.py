@@ -21,13 +21,14 @@ from django.utils.text import Truncator
 
 from outbox.admin import CappedCountPaginator, RedactedFieldsMixin
 from outbox.logs import redact
+from outbox.masking import can_view_payload
 from outbox.models import DeadLetter, DeadLetterStatus, ErrorClass
 from reconciliation import services, triage
 from reconciliation.admin.confirm import confirm_page
 from reconciliation.admin.filters import AgeBucketFilter, ConsumerFilter, KindFilter
 from reconciliation.admin.forms import BulkRetryForm, DeadLetterForm, ReasonForm, RecoverSinceForm, RetryForm
 from reconciliation.admin.permissions import RESOLVE_PERMISSION, RETRY_PERMISSION
-from reconciliation.masking import can_view_payload, for_user
+from reconciliation.masking import for_user
 from reconciliation.story import dead_letter_story
 
 
@@ -279,8 +280,10 @@ class TriageDeadLetterAdmin(RedactedFieldsMixin, admin.ModelAdmin):
             },
         )
 
-    @admin.action(description="Export selected as CSV (masked without payload permission)")
+    @admin.action(description="Export selected as CSV (masked without payload permission)", permissions=["view"])
     def export_csv(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse:
+        """Each cell as the dead letter's page shows it to this user: payload and error texts
+        masked without payload access."""
         response = HttpResponse(content_type="text/csv")
         response["Content-Disposition"] = 'attachment; filename="dead-letters.csv"'
         writer = csv.writer(response)
@@ -312,7 +315,7 @@ class TriageDeadLetterAdmin(RedactedFieldsMixin, admin.ModelAdmin):
                     letter.status,
                     letter.idempotency_key,
                     letter.trace_id,
-                    letter.last_error,
+                    self.shown(request, letter, "last_error"),
                     json.dumps(payload, ensure_ascii=False) if payload else "",
                 ]
             )

@@ -11,8 +11,9 @@ from django.http import HttpRequest
 from django.utils.html import format_html
 
 from outbox.admin import ReadOnlyAdmin
+from outbox.masking import can_view_payload
 from outbox.payloads import clip
-from reconciliation.masking import can_view_payload, mask
+from reconciliation.masking import mask
 from reconciliation.models import PayloadVersion
 
 

@@ -15,20 +15,10 @@ from django.utils import timezone
 
 from outbox.models import Circuit, CircuitState, DeadLetter, DeadLetterStatus, ErrorClass, State
 from reconciliation.models import AuditEntry, BulkRetry, CaseStatus, Decision, ReconciliationCase
-from tests.reconciliation.triage_helpers import failed_by_sandbox, failed_row, message_of, persona
+from tests.reconciliation.triage_helpers import failed_by_sandbox, failed_row, logged_in, message_of, persona
 from tests.support import METRICS_AUTH
 
 SECRET_TEXT = "Your card 4111 is blocked, Alice Smith"
-
-
-@pytest.fixture
-def operator(db: None):
-    return persona("olga", "Operator")
-
-
-@pytest.fixture
-def developer(db: None):
-    return persona("dev", "Developer")
 
 
 @pytest.fixture
@@ -39,12 +29,6 @@ def viewer(db: None):
     user = persona("victor")
     user.user_permissions.add(Permission.objects.get(codename="view_deadletter"))
     return user
-
-
-def logged_in(user, *, csrf: bool = False) -> Client:
-    client = Client(enforce_csrf_checks=csrf)
-    client.force_login(user)
-    return client
 
 
 def retry_url(letter: DeadLetter) -> str:
