@@ -6,8 +6,8 @@ from django.db.models import IntegerField, QuerySet
 from django.http import HttpRequest
 from django.utils.functional import cached_property
 
-from outbox.logs import redact, redact_json
-from outbox.masking import can_view_payload
+from outbox.logs import redact
+from outbox.masking import can_view_payload, mask
 from outbox.models import ApiClient, Attempt, Circuit, Effect, ErrorClass
 
 
@@ -27,8 +27,9 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 class RedactedFieldsMixin:
     """Error texts and results may echo what a person wrote or who they are (a CRM's or a
     model's answer quoting the lead, Telegram's result): without payload access they are
-    shown redacted, as payloads are masked. `redacted_text_fields` and `redacted_json_fields`
-    name them; each is replaced by a read-only `<name>_redacted` for such users."""
+    shown redacted. `redacted_text_fields` name texts (redacted by pattern: phones, e-mail
+    addresses, quoted names), `redacted_json_fields` JSON (masked as payloads are); each is
+    replaced by a read-only `<name>_redacted` for such users."""
 
     redacted_text_fields: tuple[str, ...] = ()
     redacted_json_fields: tuple[str, ...] = ()
@@ -38,7 +39,7 @@ class RedactedFieldsMixin:
         for name in cls.redacted_text_fields:
             setattr(cls, f"{name}_redacted", _display(name, lambda v: redact(v or "")))
         for name in cls.redacted_json_fields:
-            setattr(cls, f"{name}_redacted", _display(name, redact_json))
+            setattr(cls, f"{name}_redacted", _display(name, mask))
 
     def _redacted(self, request, names) -> list[str]:
         if can_view_payload(request.user):

@@ -1,30 +1,20 @@
-"""Masking of message text and personal fields for users without `reconciliation.view_payload`."""
+"""Payloads as a user may see them, clipped to a depth every renderer can walk; what is
+masked, and for whom, is outbox.masking's rule."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from outbox.masking import can_view_payload
+from outbox.masking import can_view_payload, mask
 from outbox.payloads import clip
-
-PERSONAL_FIELDS = frozenset({"text", "caption", "phone_number", "first_name", "last_name", "username"})
-MASK = "••• masked •••"
-
-
-def mask(value: Any) -> Any:
-    """The same JSON shape with message text and personal fields replaced, at any depth;
-    levels past MAX_JSON_DEPTH are clipped first (this walk recurses)."""
-    return _mask(clip(value))
-
-
-def _mask(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: (MASK if k in PERSONAL_FIELDS and v not in (None, "") else _mask(v)) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_mask(v) for v in value]
-    return value
 
 
 def for_user(user: Any, value: Any) -> Any:
-    """What `user` may see of a payload, clipped to a depth every renderer can walk."""
-    return clip(value) if can_view_payload(user) else mask(value)
+    """What `user` may see of a payload: in full with payload access, masked without it;
+    clipped either way (templates' pprint and json.dumps recurse once per level)."""
+    return shown(value, visible=can_view_payload(user))
+
+
+def shown(value: Any, *, visible: bool) -> Any:
+    """`value` in full (`visible`) or masked, clipped to MAX_JSON_DEPTH."""
+    return clip(value if visible else mask(value))

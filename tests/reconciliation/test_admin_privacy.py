@@ -6,11 +6,18 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
+import re
+from dataclasses import dataclass
 
+import pytest
 from django.test import Client
 from django.urls import reverse
 
-from outbox.models import DeadLetter
+from bots.services import inbox_update_store
+from outbox.models import DeadLetter, ErrorClass, State
+from tests.reconciliation.factories import message_row
+from tests.reconciliation.telegram_updates import BODIES, sent_message, update_of
 from tests.reconciliation.triage_helpers import failed_run, logged_in
 
 
@@ -46,3 +53,85 @@ def test_the_export_shows_a_last_error_in_full_with_payload_access(bot, develope
     [row] = export(logged_in(developer), letter)
 
     assert row["last_error"] == CRM_ECHO
+
+
+def shows(page: str, value: str) -> bool:
+    """`value` on the page as a value of its own, not inside a longer word or number."""
+    return re.search(rf"(?<![A-Za-z0-9]){re.escape(value)}(?![A-Za-z0-9])", page) is not None
+
+
+@dataclass
+class Trail:
+    """An update, a consumer run that failed on it and a reply that failed to go, each with
+    its dead letter: the pages that show them and the user-supplied values in each."""
+
+    pages: dict[str, str]
+    letters: list[DeadLetter]
+    in_update: list[str]
+    in_reply: list[str]
+    in_telegrams_result: list[str]
+
+    @property
+    def everything(self) -> list[str]:
+        return [*self.in_update, *self.in_reply, *self.in_telegrams_result]
+
+
+_update_ids = itertools.count(8_000_000)
+
+
+def update_with_its_trail(bot, update_type: str) -> Trail:
+    payload, in_update = update_of(update_type, next(_update_ids))
+    update, _ = inbox_update_store(bot=bot, payload=payload)
+    run_letter = failed_run(bot, update=update)
+    reply_payload, in_reply, result, in_result = sent_message()
+    reply = message_row(
+        bot,
+        key=f"reply:{update.update_id}",
+        state=State.FAILED,
+        payload=reply_payload,
+        result=result,
+        source_update=update,
+        trace_id=update.trace_id,
+    )
+    reply_letter = DeadLetter.objects.create(
+        bot=bot, message=reply, reason_class=ErrorClass.PERMANENT, trace_id=update.trace_id
+    )
+    pages = {
+        "update": reverse("admin:bots_inboundupdate_change", args=[update.pk]),
+        "consumer run": reverse("admin:bots_consumerrun_change", args=[run_letter.consumer_run_id]),
+        "reply": reverse("admin:outbox_outboundmessage_change", args=[reply.pk]),
+        "run's dead letter": reverse("admin:outbox_deadletter_change", args=[run_letter.pk]),
+        "reply's dead letter": reverse("admin:outbox_deadletter_change", args=[reply_letter.pk]),
+    }
+    return Trail(pages, [run_letter, reply_letter], in_update, in_reply, in_result)
+
+
+@pytest.mark.parametrize("update_type", list(BODIES))
+def test_no_user_supplied_value_of_an_update_is_shown_without_payload_access(bot, operator, update_type) -> None:
+    trail = update_with_its_trail(bot, update_type)
+    client = logged_in(operator)
+
+    for name, url in trail.pages.items():
+        response = client.get(url)
+        assert response.status_code == 200, name
+        page = response.content.decode()
+        assert "••• masked •••" in page or name == "consumer run", name
+        assert [value for value in trail.everything if shows(page, value)] == [], name
+    exported = "\n".join(str(row) for row in export(client, *trail.letters))
+    assert [value for value in trail.everything if shows(exported, value)] == []
+
+
+@pytest.mark.parametrize("update_type", list(BODIES))
+def test_every_user_supplied_value_of_an_update_is_shown_with_payload_access(bot, developer, update_type) -> None:
+    trail = update_with_its_trail(bot, update_type)
+    client = logged_in(developer)
+
+    for name, values in (
+        ("update", trail.in_update),
+        ("run's dead letter", [*trail.in_update, *trail.in_reply]),
+        ("reply", [*trail.in_reply, *trail.in_telegrams_result]),
+    ):
+        page = client.get(trail.pages[name]).content.decode()
+        assert [value for value in values if not shows(page, value)] == [], name
+    exported = "\n".join(str(row) for row in export(client, *trail.letters))
+    assert [value for value in trail.in_reply if not shows(exported, value)] == []

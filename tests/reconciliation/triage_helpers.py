@@ -8,7 +8,7 @@ from typing import Any
 from django.contrib.auth.models import Group, User
 from django.test import Client
 
-from bots.models import Bot, ConsumerRun, RunState
+from bots.models import Bot, ConsumerRun, InboundUpdate, RunState
 from outbox import services as outbox_services
 from outbox.models import DeadLetter, ErrorClass, OutboundMessage, State
 from outbox.sending import single
@@ -59,9 +59,12 @@ def failed_row(bot: Bot, *, reason_class: str = ErrorClass.EXHAUSTED, chat_id: i
     )
 
 
-def failed_run(bot: Bot, *, consumer: str = "auto_reply", error: str = "CRM down") -> DeadLetter:
-    """A consumer run that used up its attempts, and its dead letter; `error` is its last."""
-    update = stored_update(bot)
+def failed_run(
+    bot: Bot, *, consumer: str = "auto_reply", error: str = "CRM down", update: InboundUpdate | None = None
+) -> DeadLetter:
+    """A consumer run that used up its attempts on `update` (a stored message by default),
+    and its dead letter; `error` is its last."""
+    update = update or stored_update(bot)
     run = ConsumerRun.objects.create(
         update=update,
         bot=bot,
