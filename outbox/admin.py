@@ -9,6 +9,7 @@ from django.utils.functional import cached_property
 from outbox.logs import redact
 from outbox.masking import can_view_payload, mask
 from outbox.models import ApiClient, Attempt, Circuit, Effect, ErrorClass
+from project.ids import int64_or_none
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -120,22 +121,21 @@ def exact_search(
     from bots.models import Bot
 
     term = term.strip()
+    number = int64_or_none(term)
     matches = queryset.none()
     for name in text_fields:
         matches |= queryset.filter(**{name: term})
-    is_int = term.lstrip("-").isdigit() and abs(int(term)) < 2**63
     if per_bot_fields:
         bot_ids = list(Bot.objects.values_list("pk", flat=True))
         for name in per_bot_fields:
-            value = term
+            value: str | int | None = term
             if isinstance(queryset.model._meta.get_field(name), IntegerField):
-                if not is_int:
-                    continue
-                value = int(term)
-            matches |= queryset.filter(**{"bot_id__in": bot_ids, name: value})
-    if is_int:
+                value = number
+            if value is not None:
+                matches |= queryset.filter(**{"bot_id__in": bot_ids, name: value})
+    if number is not None:
         for name in int_fields:
-            matches |= queryset.filter(**{name: int(term)})
+            matches |= queryset.filter(**{name: number})
     return matches
 
 

@@ -19,7 +19,7 @@ from django.urls import path, reverse
 from django.utils.html import format_html
 from django.utils.text import Truncator
 
-from outbox.admin import CappedCountPaginator, RedactedFieldsMixin
+from outbox.admin import ExactSearchMixin, RedactedFieldsMixin
 from outbox.logs import redact
 from outbox.masking import can_view_payload
 from outbox.models import DeadLetter, DeadLetterStatus, ErrorClass
@@ -33,7 +33,7 @@ from reconciliation.story import dead_letter_story
 
 
 @admin.register(DeadLetter)
-class TriageDeadLetterAdmin(RedactedFieldsMixin, admin.ModelAdmin):
+class TriageDeadLetterAdmin(ExactSearchMixin, RedactedFieldsMixin, admin.ModelAdmin):
     form = DeadLetterForm
     redacted_text_fields = ("first_error", "last_error")
     list_display = [
@@ -50,11 +50,12 @@ class TriageDeadLetterAdmin(RedactedFieldsMixin, admin.ModelAdmin):
     ]
     list_display_links = ["id", "created_at"]
     list_filter = ["status", "reason_class", "bot", ConsumerFilter, KindFilter, AgeBucketFilter, "owner"]
+    # One box for chat id, trace id and idempotency key, exactly (ExactSearchMixin).
     search_fields = ["=chat_id", "=trace_id", "=idempotency_key"]
+    exact_text_fields = ("trace_id", "idempotency_key")
+    exact_int_fields = ("chat_id",)
     list_select_related = ["bot", "owner"]
     ordering = ["-created_at", "-id"]
-    show_full_result_count = False
-    paginator = CappedCountPaginator
     actions = ["bulk_retry_action", "export_csv"]
     change_list_template = "reconciliation/admin/deadletter_change_list.html"
     change_form_template = "reconciliation/admin/deadletter_change_form.html"
@@ -75,16 +76,6 @@ class TriageDeadLetterAdmin(RedactedFieldsMixin, admin.ModelAdmin):
         "resolved_at",
     ]
     readonly_fields = [f for f in fields if f != "owner"]
-
-    def get_search_results(self, request: HttpRequest, queryset: QuerySet, search_term: str) -> tuple[QuerySet, bool]:
-        term = search_term.strip()
-        if not term:
-            return queryset, False
-        # One box for chat id, trace id and idempotency key; a non-number never hits chat_id.
-        matches = queryset.filter(trace_id=term) | queryset.filter(idempotency_key=term)
-        if term.lstrip("-").isdigit() and abs(int(term)) < 2**63:
-            matches |= queryset.filter(chat_id=int(term))
-        return matches, False
 
     @admin.display(description="reason", ordering="reason_class")
     def reason_badge(self, obj: DeadLetter) -> str:
