@@ -8,12 +8,15 @@ Masking keeps an allow-list, not a list of what to hide: a value is shown only u
 Telegram fills with an identifier, a date, a type or a size, and flags (true/false) and empty
 values are shown everywhere. Everything else (texts, names, contacts, places, votes, queries,
 payment details, and any field Telegram adds tomorrow) is masked, at any depth, in updates,
-in outbound payloads and in Telegram's results alike.
+in outbound payloads and in Telegram's results alike. `for_user` is what a page renders:
+masked or not, and clipped (outbox/payloads.py).
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from outbox.payloads import clip
 
 PAYLOAD_PERMISSION = "reconciliation.view_payload"
 MASK = "••• masked •••"
@@ -113,3 +116,14 @@ def mask(value: Any) -> Any:
         else:
             parent[slot] = item if _shown(field, item) else MASK
     return holder[0]
+
+
+def for_user(user: Any, value: Any) -> Any:
+    """What `user` may see of a payload: in full with payload access, masked without it;
+    clipped either way (templates' pprint and json.dumps recurse once per level)."""
+    return shown(value, visible=can_view_payload(user))
+
+
+def shown(value: Any, *, visible: bool) -> Any:
+    """`value` in full (`visible`) or masked, clipped to MAX_JSON_DEPTH."""
+    return clip(value if visible else mask(value))

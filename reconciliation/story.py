@@ -8,9 +8,8 @@ from django.db.models import Q
 
 from bots.models import ConsumerRun, InboundUpdate
 from outbox.logs import redact
-from outbox.masking import can_view_payload, mask
+from outbox.masking import can_view_payload, for_user, mask
 from outbox.models import Attempt, DeadLetter, Effect, OutboundMessage
-from reconciliation.masking import for_user
 from reconciliation.models import AuditEntry, PayloadVersion, ReconciliationCase
 
 

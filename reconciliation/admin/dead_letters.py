@@ -21,14 +21,13 @@ from django.utils.text import Truncator
 
 from outbox.admin import ExactSearchMixin, RedactedFieldsMixin
 from outbox.logs import redact
-from outbox.masking import can_view_payload
+from outbox.masking import can_view_payload, for_user
 from outbox.models import DeadLetter, DeadLetterStatus, ErrorClass
 from reconciliation import services, triage
 from reconciliation.admin.confirm import confirm_page
 from reconciliation.admin.filters import AgeBucketFilter, ConsumerFilter, KindFilter
 from reconciliation.admin.forms import BulkRetryForm, DeadLetterForm, ReasonForm, RecoverSinceForm, RetryForm
 from reconciliation.admin.permissions import RESOLVE_PERMISSION, RETRY_PERMISSION
-from reconciliation.masking import for_user
 from reconciliation.story import dead_letter_story
 
 

@@ -11,8 +11,7 @@ from django.http import HttpRequest
 from django.utils.html import format_html
 
 from outbox.admin import ReadOnlyAdmin
-from outbox.masking import can_view_payload
-from reconciliation.masking import shown
+from outbox.masking import can_view_payload, shown
 from reconciliation.models import PayloadVersion
 
 
