@@ -117,7 +117,7 @@ class ConsumerSpec:
     enabled: Callable[[], bool] = field(default=lambda: True)
     timeout: float | None = None
     inline: bool | Callable[[InboundUpdate], bool] = False
-    batch: Callable[[list[ConsumerContext]], Sequence[Any]] | None = None
+    batch: Callable[[list[ConsumerContext]], Sequence[Any] | None] | None = None
 
     def wants(self, update: InboundUpdate) -> bool:
         if not self.enabled():
@@ -159,7 +159,7 @@ def consumer(
     enabled: Callable[[], bool] | None = None,
     timeout: float | None = None,
     inline: bool | Callable[[InboundUpdate], bool] = False,
-    batch: Callable[[list[ConsumerContext]], Sequence[Any]] | None = None,
+    batch: Callable[[list[ConsumerContext]], Sequence[Any] | None] | None = None,
 ) -> Callable[[Callable[[ConsumerContext], Any]], Callable[[ConsumerContext], Any]]:
     """Register a consumer under a stable name (the name is stored in runs and keys).
 
@@ -171,9 +171,11 @@ def consumer(
     `batch`: the same work for several runs at once (the router's inline runs of one batch
     of updates), e.g. their rows written in one statement instead of one each. It gets the
     runs' contexts and returns one outcome per context, in order, as the consumer would
-    have. If it raises, nothing is settled from it: each run is then tried alone with the
-    consumer itself, its failure settled for that run only, so whatever the batch wrote
-    before it failed must be safe to write again (stable keys, insert once)."""
+    have, or None, having done nothing, to have each run tried alone (a run may `Defer`,
+    which a batch cannot answer for one run). If it raises, nothing is settled from it:
+    each run is then tried alone with the consumer itself, its failure settled for that
+    run only, so whatever the batch wrote before it failed must be safe to write again
+    (stable keys, insert once)."""
 
     def decorator(func: Callable[[ConsumerContext], Any]) -> Callable[[ConsumerContext], Any]:
         if name in _registry and _registry[name].func is not func:

@@ -137,13 +137,16 @@ def auto_reply_run(ctx: ConsumerContext) -> str:
     return f"answered {len(texts)}"
 
 
-def auto_reply_batch(ctxs: list[ConsumerContext]) -> list[str]:
+def auto_reply_batch(ctxs: list[ConsumerContext]) -> list[str] | None:
     """auto_reply_run for the runs of one router's batch (one bot): with no debounce, the
     answers written in one statement and the chats' guards moved in one more, in the order
-    of `_answer_at_once` (replies first, the guards once they are sent); with a debounce, one
-    by one."""
-    if not ctxs or debounce_seconds() > 0:
-        return [auto_reply_run(ctx) for ctx in ctxs]
+    of `_answer_at_once` (replies first, the guards once they are sent). With a debounce it
+    declines (None): a run may defer, which only a run alone settles; raising it from here
+    failed the whole batch, and every run ran again alone."""
+    if debounce_seconds() > 0:
+        return None
+    if not ctxs:
+        return []
     outcomes: dict[int, str] = {}
     answers: list[tuple[ConsumerContext, str]] = []
     bot = ctxs[0].bot

@@ -585,9 +585,9 @@ def consumer_runs_execute_inline(runs: list[ConsumerRun]) -> dict[int, str]:
 
 def _attempt_all(runs: list[ConsumerRun], spec: registry.ConsumerSpec, *, worker: str) -> list[tuple[str, str]]:
     """`_attempt` for several claimed runs of one consumer: in one call of its batch form
-    when it has one (registry.consumer's `batch`), else one by one. A batch that raises, or
-    answers for the wrong number of runs, settles nothing: each run is then tried alone,
-    and a failure is settled for its own run."""
+    when it has one (registry.consumer's `batch`), else one by one. A batch that declines
+    (None), raises, or answers for the wrong number of runs settles nothing: each run is
+    then tried alone, and a failure is settled for its own run."""
     if spec.batch is None or len(runs) < 2:
         return [_attempt_traced(run, spec, worker=worker) for run in runs]
     ctxs = [
@@ -595,7 +595,11 @@ def _attempt_all(runs: list[ConsumerRun], spec: registry.ConsumerSpec, *, worker
         for run in runs
     ]
     try:
-        returned = list(spec.batch(ctxs))
+        answered = spec.batch(ctxs)
+        if answered is None:
+            # Declined before doing anything (a run that may defer): each runs alone.
+            return [_attempt_traced(run, spec, worker=worker) for run in runs]
+        returned = list(answered)
         if len(returned) != len(runs):
             raise ValueError(f"its batch answered for {len(returned)} of {len(runs)} runs")
     except Exception as exc:  # noqa: BLE001 - each run then has its own attempt

@@ -6,15 +6,10 @@ from django.db.models import IntegerField, QuerySet
 from django.http import HttpRequest
 from django.utils.functional import cached_property
 
-from outbox.logs import redact, redact_json
+from outbox.logs import redact
+from outbox.masking import can_view_payload, mask
 from outbox.models import ApiClient, Attempt, Circuit, Effect, ErrorClass
-
-# The permission that shows payloads in full (it lives in reconciliation; named, not imported).
-PAYLOAD_PERMISSION = "reconciliation.view_payload"
-
-
-def sees_payloads(request) -> bool:
-    return bool(request is not None and request.user.has_perm(PAYLOAD_PERMISSION))
+from project.ids import int64_or_none
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -33,8 +28,9 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 class RedactedFieldsMixin:
     """Error texts and results may echo what a person wrote or who they are (a CRM's or a
     model's answer quoting the lead, Telegram's result): without payload access they are
-    shown redacted, as payloads are masked. `redacted_text_fields` and `redacted_json_fields`
-    name them; each is replaced by a read-only `<name>_redacted` for such users."""
+    shown redacted. `redacted_text_fields` name texts (redacted by pattern: phones, e-mail
+    addresses, quoted names), `redacted_json_fields` JSON (masked as payloads are); each is
+    replaced by a read-only `<name>_redacted` for such users."""
 
     redacted_text_fields: tuple[str, ...] = ()
     redacted_json_fields: tuple[str, ...] = ()
@@ -44,13 +40,18 @@ class RedactedFieldsMixin:
         for name in cls.redacted_text_fields:
             setattr(cls, f"{name}_redacted", _display(name, lambda v: redact(v or "")))
         for name in cls.redacted_json_fields:
-            setattr(cls, f"{name}_redacted", _display(name, redact_json))
+            setattr(cls, f"{name}_redacted", _display(name, mask))
 
     def _redacted(self, request, names) -> list[str]:
-        if sees_payloads(request):
+        if can_view_payload(request.user):
             return list(names)
         hidden = {*self.redacted_text_fields, *self.redacted_json_fields}
         return [f"{name}_redacted" if name in hidden else name for name in names]
+
+    def shown(self, request: HttpRequest, obj: Any, name: str) -> Any:
+        """`obj.<name>` as this request's user sees it on the object's page (an export's cell)."""
+        [field] = self._redacted(request, [name])
+        return getattr(self, field)(obj) if field != name else getattr(obj, name)
 
     def get_fields(self, request, obj=None):
         return self._redacted(request, super().get_fields(request, obj))
@@ -120,22 +121,21 @@ def exact_search(
     from bots.models import Bot
 
     term = term.strip()
+    number = int64_or_none(term)
     matches = queryset.none()
     for name in text_fields:
         matches |= queryset.filter(**{name: term})
-    is_int = term.lstrip("-").isdigit() and abs(int(term)) < 2**63
     if per_bot_fields:
         bot_ids = list(Bot.objects.values_list("pk", flat=True))
         for name in per_bot_fields:
-            value = term
+            value: str | int | None = term
             if isinstance(queryset.model._meta.get_field(name), IntegerField):
-                if not is_int:
-                    continue
-                value = int(term)
-            matches |= queryset.filter(**{"bot_id__in": bot_ids, name: value})
-    if is_int:
+                value = number
+            if value is not None:
+                matches |= queryset.filter(**{"bot_id__in": bot_ids, name: value})
+    if number is not None:
         for name in int_fields:
-            matches |= queryset.filter(**{name: int(term)})
+            matches |= queryset.filter(**{name: number})
     return matches
 
 

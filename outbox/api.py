@@ -21,7 +21,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from outbox import idempotency, retention, selectors, services
+from outbox import idempotency, masking, selectors, services
 from outbox.models import OutboundMessage
 from outbox.payloads import MAX_JSON_DEPTH, json_depth
 from outbox.serializers import (
@@ -143,10 +143,8 @@ def _as_seen_by(request: Request, body: dict[str, Any]) -> dict[str, Any]:
     """An answer holding a message's payload as this client may read it now."""
     if "payload" not in body or selectors.api_client_payload_access(request.user):
         return body
-    # As in the admin: what a person wrote or who they are is for those with payload access.
-    payload = body.get("payload") or {}
-    masked = {k: "<masked>" if k in retention.PERSONAL_PAYLOAD_KEYS else v for k, v in payload.items()}
-    return {**body, "payload": masked}
+    # The admin's rule: only ids, dates, types, sizes and flags show, at any depth.
+    return {**body, "payload": masking.mask(body.get("payload") or {})}
 
 
 class MessageCreateView(_View):

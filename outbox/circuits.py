@@ -26,6 +26,7 @@ from django.db.models import Case, F, Value, When
 from django.utils import timezone
 
 from outbox.models import Circuit, CircuitState
+from project.ids import int64_or_none
 
 logger = logging.getLogger(__name__)
 
@@ -79,8 +80,9 @@ def consumer_scope(name: str) -> str:
 
 def parse_scope(scope: str) -> tuple[str, int | str] | None:
     """("bot", bot id) or ("consumer", name) for a well-formed scope, else None."""
-    if scope.startswith(BOT_PREFIX) and scope[len(BOT_PREFIX) :].isdigit():
-        return "bot", int(scope[len(BOT_PREFIX) :])
+    if scope.startswith(BOT_PREFIX):
+        bot_id = int64_or_none(scope[len(BOT_PREFIX) :])
+        return None if bot_id is None else ("bot", bot_id)
     if scope.startswith(CONSUMER_PREFIX) and len(scope) > len(CONSUMER_PREFIX):
         return "consumer", scope[len(CONSUMER_PREFIX) :]
     return None

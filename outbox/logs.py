@@ -66,17 +66,6 @@ def redact(value: str) -> str:
     return _EMAIL_RE.sub("<email>", value)
 
 
-def redact_json(value: Any) -> Any:
-    """The same JSON shape with personal keys' values and any text in strings redacted."""
-    if isinstance(value, dict):
-        return {
-            k: "<masked>" if k in PERSONAL_KEYS and v not in (None, "") else redact_json(v) for k, v in value.items()
-        }
-    if isinstance(value, list):
-        return [redact_json(v) for v in value]
-    return redact(value) if isinstance(value, str) else value
-
-
 class MaskSecretsFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()

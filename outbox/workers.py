@@ -79,18 +79,21 @@ class LeaseKeeper:
 
     def renew_now(self) -> None:
         """Renew every held claim once (the thread's tick)."""
-        from django.db import close_old_connections
+        from django.db import connection
 
         worker, lease = worker_id(), claim_lease()
-        for kind, renew in self._renewers.items():
-            keys = self.held(kind)
-            if not keys:
-                continue
-            try:
-                renew(keys, worker=worker, lease=lease)
-            except Exception as exc:  # noqa: BLE001 - the database may be away; the next tick tries again
-                logger.warning("could not renew the leases of %d %s claim(s): %s", len(keys), kind, exc)
-                close_old_connections()
+        try:
+            for kind, renew in self._renewers.items():
+                keys = self.held(kind)
+                if not keys:
+                    continue
+                try:
+                    renew(keys, worker=worker, lease=lease)
+                except Exception as exc:  # noqa: BLE001 - the database may be away; the next tick tries again
+                    logger.warning("could not renew the leases of %d %s claim(s): %s", len(keys), kind, exc)
+        finally:
+            # A tick every few seconds need not hold a connection of its own in between.
+            connection.close()
 
     def _ensure_thread(self) -> None:
         # After a fork the parent's thread is not in the child, nor are its claims.

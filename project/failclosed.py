@@ -23,8 +23,8 @@ def load_settings_or_exit() -> None:
 
 def refuse_to_start_worker(**kwargs: Any) -> None:
     """Celery's worker_init: Dovecote's own system checks (tag "dovecote": a consumer's time
-    limit below its lease, a send lease longer than a send) as `manage.py check` and so
-    `migrate` run them, their errors in one line. Celery runs Django's checks at start but
+    limit above 0, a send lease longer than a send) as `manage.py check` and so `migrate` run
+    them (SILENCED_SYSTEM_CHECKS honoured alike), their errors in one line. Celery runs Django's checks at start but
     ignores their errors, and logs (does not raise) a receiver's exception; SystemExit does
     stop it."""
     from django.apps import apps
@@ -34,7 +34,7 @@ def refuse_to_start_worker(**kwargs: Any) -> None:
         import django
 
         django.setup()
-    errors = [message for message in checks.run_checks(tags=["dovecote"]) if message.is_serious()]
+    errors = [m for m in checks.run_checks(tags=["dovecote"]) if m.is_serious() and not m.is_silenced()]
     if errors:
         found = "; ".join(f"({message.id}) {message.msg.rstrip('.')}" for message in errors)
         raise SystemExit(f"dovecote: refusing to start the worker: {found}.")

@@ -4,7 +4,7 @@ pause/resume of a bot's or a consumer's circuit. All wrapped in admin_site.admin
 from __future__ import annotations
 
 from django.contrib import admin, messages
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import BadRequest, PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.template.response import TemplateResponse
 from django.urls import reverse
@@ -12,6 +12,7 @@ from django.urls import reverse
 from bots.models import Bot
 from outbox.circuits import parse_scope
 from outbox.models import Circuit
+from project.ids import int64_or_none
 from reconciliation import triage
 from reconciliation.admin.confirm import confirm_page
 from reconciliation.admin.forms import ReasonForm
@@ -22,10 +23,19 @@ DASHBOARD_PERMISSION = "reconciliation.view_dashboard"
 
 
 def _bot_id(request: HttpRequest) -> int | None:
+    """The bot `?bot=` names (None: every bot); 400 for what is not an id, 404 for an id no
+    bot has."""
     if not request.user.has_perm(DASHBOARD_PERMISSION):
         raise PermissionDenied
     raw = request.GET.get("bot") or ""
-    return int(raw) if raw.isdigit() else None
+    if not raw:
+        return None
+    bot_id = int64_or_none(raw)
+    if bot_id is None:
+        raise BadRequest("bot must be a bot's id")
+    if not Bot.objects.filter(pk=bot_id).exists():
+        raise Http404("no such bot")
+    return bot_id
 
 
 def _context(request: HttpRequest) -> dict:
@@ -33,7 +43,7 @@ def _context(request: HttpRequest) -> dict:
     numbers = dashboard_numbers(bot_id)
     return {
         **admin.site.each_context(request),
-        "title": "Dashboard" + (f" — {Bot.objects.get(pk=bot_id).name}" if bot_id else ""),
+        "title": "Dashboard" + (f" — {Bot.objects.get(pk=bot_id).name}" if bot_id is not None else ""),
         "numbers": numbers,
         "charts": dashboard_charts(numbers),
         "bots": Bot.objects.all(),

@@ -7,9 +7,9 @@ from typing import Any
 from django.db.models import Q
 
 from bots.models import ConsumerRun, InboundUpdate
-from outbox.logs import redact, redact_json
+from outbox.logs import redact
+from outbox.masking import can_view_payload, for_user, mask
 from outbox.models import Attempt, DeadLetter, Effect, OutboundMessage
-from reconciliation.masking import can_view_payload, for_user
 from reconciliation.models import AuditEntry, PayloadVersion, ReconciliationCase
 
 
@@ -69,7 +69,7 @@ def dead_letter_story(letter: DeadLetter, *, user: Any) -> dict[str, Any]:
         _redact_errors([*runs, *([run] if run else []), *([update] if update else [])], "last_error")
         _redact_errors([*effects, *messages], "last_error")
         for row in [*effects, *messages]:
-            row.result = redact_json(row.result)
+            row.result = mask(row.result)
     return {
         "message": message,
         "payload": for_user(user, message.payload) if message else None,

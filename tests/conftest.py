@@ -46,6 +46,18 @@ def _clean_redis() -> Iterator[None]:
     _delete_run_keys(client)
 
 
+@pytest.fixture(autouse=True)
+def _hop_by_hop(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Tests run with production's inline work (DOVECOTE_INLINE_WORK on). One marked
+    `hop_by_hop` drives each hop itself (store, route, run, send: tests/bots/fakes.py), so
+    for it the router runs no consumer and a run's worker sends nothing it wrote."""
+    if request.node.get_closest_marker("hop_by_hop") is None:
+        yield
+        return
+    with override_settings(DOVECOTE_INLINE_WORK=False):
+        yield
+
+
 @pytest.fixture(scope="session")
 def sandbox_server() -> Iterator[SandboxServer]:
     server = SandboxServer(port=0)
@@ -94,7 +106,6 @@ def process_env(transactional_db: None, sandbox_server: SandboxServer) -> dict[s
         REDIS_URL=settings.REDIS_URL,
         TELEGRAM_API_BASE_URL=sandbox_server.base_url,
         DOVECOTE_REPLY_DEBOUNCE_SECONDS="0",
-        DOVECOTE_INLINE_WORK="1",
     )
 
 

@@ -18,12 +18,13 @@ from django.test.utils import CaptureQueriesContext
 from prometheus_client import REGISTRY
 
 from bots import services as bot_services
-from bots.models import ConsumerRun, InboundUpdate
+from bots.models import Bot, ConsumerRun, InboundUpdate
 from outbox import metrics
 from outbox.models import OutboundMessage, State
 from outbox.sending.single import outbound_message_send
 from outbox.services import outbound_message_enqueue
 from reconciliation.sweeper import sweep
+from tests.bots.fakes import route
 from tests.bots.test_webhook import SECRET_HEADER, message_update
 from tests.conftest import make_bot
 from tests.reconciliation.test_cases import lost_answer
@@ -60,6 +61,13 @@ def post_update(client: Client, bot, update_id: int):
     )
 
 
+def stored_update(client: Client, bot_factory) -> tuple[Bot, InboundUpdate]:
+    """A bot, and an update its webhook stored."""
+    bot = bot_factory(webhook_secret="s3cret-for-metrics")
+    post_update(client, bot, 7)
+    return bot, InboundUpdate.objects.get(bot=bot, update_id=7)
+
+
 def test_updates_received_are_counted_by_outcome_and_timed(client: Client, bot_factory) -> None:
     bot = bot_factory(webhook_secret="s3cret-for-metrics")
     timed = Moves("dovecote_webhook_duration_seconds_count")
@@ -79,12 +87,29 @@ def test_updates_received_are_counted_by_outcome_and_timed(client: Client, bot_f
     assert timed.by == 4
 
 
+@pytest.mark.django_db(transaction=True)  # the router's reply leaves after its commit
 def test_a_consumer_run_is_counted_and_its_reply_counts_a_send_and_the_reply_latency(
     client: Client, bot_factory, sandbox
 ) -> None:
-    bot = bot_factory(webhook_secret="s3cret-for-metrics")
-    post_update(client, bot, 7)
-    update = InboundUpdate.objects.get(bot=bot, update_id=7)
+    bot, update = stored_update(client, bot_factory)
+
+    with (
+        Moves("dovecote_consumer_runs_total", consumer="auto_reply", outcome="done") as runs,
+        Moves("dovecote_sends_total", bot=bot.name, method="sendMessage", outcome="ok") as sends,
+        Moves("dovecote_bot_api_request_duration_seconds_count", method="sendMessage") as timed,
+        Moves("dovecote_reply_latency_seconds_count") as latency,
+    ):
+        route(update)  # runs the echo here and sends its reply
+
+    assert OutboundMessage.objects.get(source_update=update).state == State.SENT
+    assert (runs.by, sends.by, timed.by, latency.by) == (1, 1, 1, 1)
+
+
+@pytest.mark.hop_by_hop
+def test_a_run_in_a_task_of_its_own_and_its_reply_sent_alone_are_counted_the_same(
+    client: Client, bot_factory, sandbox
+) -> None:
+    bot, update = stored_update(client, bot_factory)
     bot_services.inbox_update_route(update.pk)
     run = ConsumerRun.objects.get(update=update, consumer="auto_reply")
 

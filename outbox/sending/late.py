@@ -86,7 +86,13 @@ class LateAnswers:
             if finished:
                 with self._changed:
                     self._batches = [batch for batch in self._batches if batch not in finished]
+                    idle = not self._batches
                     self._changed.notify_all()
+                if idle:
+                    # Late answers are the exception: no connection is held between them.
+                    from django.db import connection
+
+                    connection.close()
 
     @staticmethod
     def _settle(batch: InFlight, done: set) -> bool:

@@ -13,6 +13,8 @@ Each model is registered once, by the module that defines its admin:
 - audit.py: AuditEntry
 - payloads.py: PayloadVersion (and the masked payload view the other pages share)
 - other_apps.py: outbox.OutboundMessage, bots.InboundUpdate, bots.Bot
+- schedules.py: django-celery-beat's CrontabSchedule, registered again with a summary that
+  survives a crontab celery cannot parse
 
 The dead-letter, message, update and bot admins of outbox/bots are registered here, because
 their buttons call reconciliation services (which outbox and bots cannot import); those apps
@@ -20,4 +22,4 @@ define the base classes and register none of these four.
 """
 
 # Imported for their registrations: Django's autodiscover imports this package only.
-from reconciliation.admin import audit, bulk_retries, cases, dead_letters, other_apps, payloads  # noqa: F401
+from reconciliation.admin import audit, bulk_retries, cases, dead_letters, other_apps, payloads, schedules  # noqa: F401

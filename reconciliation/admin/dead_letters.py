@@ -19,20 +19,20 @@ from django.urls import path, reverse
 from django.utils.html import format_html
 from django.utils.text import Truncator
 
-from outbox.admin import CappedCountPaginator, RedactedFieldsMixin
+from outbox.admin import ExactSearchMixin, RedactedFieldsMixin
 from outbox.logs import redact
+from outbox.masking import can_view_payload, for_user
 from outbox.models import DeadLetter, DeadLetterStatus, ErrorClass
 from reconciliation import services, triage
 from reconciliation.admin.confirm import confirm_page
 from reconciliation.admin.filters import AgeBucketFilter, ConsumerFilter, KindFilter
 from reconciliation.admin.forms import BulkRetryForm, DeadLetterForm, ReasonForm, RecoverSinceForm, RetryForm
 from reconciliation.admin.permissions import RESOLVE_PERMISSION, RETRY_PERMISSION
-from reconciliation.masking import can_view_payload, for_user
 from reconciliation.story import dead_letter_story
 
 
 @admin.register(DeadLetter)
-class TriageDeadLetterAdmin(RedactedFieldsMixin, admin.ModelAdmin):
+class TriageDeadLetterAdmin(ExactSearchMixin, RedactedFieldsMixin, admin.ModelAdmin):
     form = DeadLetterForm
     redacted_text_fields = ("first_error", "last_error")
     list_display = [
@@ -49,11 +49,12 @@ class TriageDeadLetterAdmin(RedactedFieldsMixin, admin.ModelAdmin):
     ]
     list_display_links = ["id", "created_at"]
     list_filter = ["status", "reason_class", "bot", ConsumerFilter, KindFilter, AgeBucketFilter, "owner"]
+    # One box for chat id, trace id and idempotency key, exactly (ExactSearchMixin).
     search_fields = ["=chat_id", "=trace_id", "=idempotency_key"]
+    exact_text_fields = ("trace_id", "idempotency_key")
+    exact_int_fields = ("chat_id",)
     list_select_related = ["bot", "owner"]
     ordering = ["-created_at", "-id"]
-    show_full_result_count = False
-    paginator = CappedCountPaginator
     actions = ["bulk_retry_action", "export_csv"]
     change_list_template = "reconciliation/admin/deadletter_change_list.html"
     change_form_template = "reconciliation/admin/deadletter_change_form.html"
@@ -74,16 +75,6 @@ class TriageDeadLetterAdmin(RedactedFieldsMixin, admin.ModelAdmin):
         "resolved_at",
     ]
     readonly_fields = [f for f in fields if f != "owner"]
-
-    def get_search_results(self, request: HttpRequest, queryset: QuerySet, search_term: str) -> tuple[QuerySet, bool]:
-        term = search_term.strip()
-        if not term:
-            return queryset, False
-        # One box for chat id, trace id and idempotency key; a non-number never hits chat_id.
-        matches = queryset.filter(trace_id=term) | queryset.filter(idempotency_key=term)
-        if term.lstrip("-").isdigit() and abs(int(term)) < 2**63:
-            matches |= queryset.filter(chat_id=int(term))
-        return matches, False
 
     @admin.display(description="reason", ordering="reason_class")
     def reason_badge(self, obj: DeadLetter) -> str:
@@ -279,8 +270,10 @@ class TriageDeadLetterAdmin(RedactedFieldsMixin, admin.ModelAdmin):
             },
         )
 
-    @admin.action(description="Export selected as CSV (masked without payload permission)")
+    @admin.action(description="Export selected as CSV (masked without payload permission)", permissions=["view"])
     def export_csv(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse:
+        """Each cell as the dead letter's page shows it to this user: payload and error texts
+        masked without payload access."""
         response = HttpResponse(content_type="text/csv")
         response["Content-Disposition"] = 'attachment; filename="dead-letters.csv"'
         writer = csv.writer(response)
@@ -312,7 +305,7 @@ class TriageDeadLetterAdmin(RedactedFieldsMixin, admin.ModelAdmin):
                     letter.status,
                     letter.idempotency_key,
                     letter.trace_id,
-                    letter.last_error,
+                    self.shown(request, letter, "last_error"),
                     json.dumps(payload, ensure_ascii=False) if payload else "",
                 ]
             )

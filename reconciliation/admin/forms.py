@@ -9,6 +9,7 @@ from django import forms
 
 from bots.models import Bot
 from outbox.models import DeadLetter, ErrorClass
+from outbox.payloads import MAX_JSON_DEPTH, json_depth
 
 
 class ReasonForm(forms.Form):
@@ -28,12 +29,19 @@ class RetryForm(ReasonForm):
         raw = (self.cleaned_data.get("corrected_payload") or "").strip()
         if not raw:
             return None
+        # As deep as the webhook takes an update, and as deep as every page shows a payload.
+        too_deep = f"nested deeper than {MAX_JSON_DEPTH} levels"
         try:
             value = json.loads(raw)
+        except RecursionError as exc:
+            # json's decoder gives up around a thousand levels.
+            raise forms.ValidationError(too_deep) from exc
         except json.JSONDecodeError as exc:
             raise forms.ValidationError(f"not valid JSON: {exc}") from exc
         if not isinstance(value, dict):
             raise forms.ValidationError("the payload must be a JSON object")
+        if json_depth(value, stop_above=MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
+            raise forms.ValidationError(too_deep)
         return value
 
 

@@ -24,6 +24,7 @@ from outbox import services as outbox_services
 from outbox.admin import OutboundMessageAdmin
 from outbox.circuits import bot_scope
 from outbox.models import OutboundMessage, State
+from project.ids import int64_or_none
 from reconciliation import services
 from reconciliation.admin.confirm import confirm_page
 from reconciliation.admin.forms import ReasonForm
@@ -41,7 +42,12 @@ class MaskedOutboundMessageAdmin(OutboundMessageAdmin):
     change_form_template = "reconciliation/admin/outboundmessage_change_form.html"
 
     def change_view(self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None) -> Any:
-        message = OutboundMessage.objects.filter(pk=object_id).only("state", "broadcast").first()
+        message_id = int64_or_none(object_id)
+        message = (
+            OutboundMessage.objects.filter(pk=message_id).only("state", "broadcast").first()
+            if message_id is not None
+            else None
+        )
         may = message is not None and request.user.has_perm(CANCEL_PERMISSION)
         extra = {
             "can_cancel": may and message.state in WAITING_STATES,
@@ -181,8 +187,9 @@ class OperatorBotAdmin(BotAdmin):
     def change_view(self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None) -> Any:
         from outbox.models import Circuit
 
-        scope = bot_scope(int(object_id)) if object_id.isdigit() else ""
-        circuit = Circuit.objects.filter(scope=scope).first()
+        bot_id = int64_or_none(object_id)
+        scope = bot_scope(bot_id) if bot_id is not None else ""
+        circuit = Circuit.objects.filter(scope=scope).first() if scope else None
         extra = {
             "circuit": circuit,
             "can_pause": request.user.has_perm(PAUSE_PERMISSION),

@@ -11,8 +11,7 @@ from django.http import HttpRequest
 from django.utils.html import format_html
 
 from outbox.admin import ReadOnlyAdmin
-from outbox.payloads import clip
-from reconciliation.masking import can_view_payload, mask
+from outbox.masking import can_view_payload, shown
 from reconciliation.models import PayloadVersion
 
 
@@ -30,9 +29,7 @@ def mark_viewer(request: HttpRequest, obj: Any) -> Any:
 
 def payload_for(obj: Any, payload: Any) -> str:
     """`payload` rendered for the viewer mark_viewer noted on `obj`: masked if none was noted."""
-    visible = getattr(obj, "_dovecote_payload_visible", False)
-    # Clipped at any depth: json.dumps with an indent recurses once per level.
-    return _pretty(clip(payload) if visible else mask(payload))
+    return _pretty(shown(payload, visible=getattr(obj, "_dovecote_payload_visible", False)))
 
 
 @admin.register(PayloadVersion)

@@ -1,6 +1,12 @@
 """Local stand-ins for the other side of a consumer: a fake CRM and a fake OpenAI-compatible
 chat-completions endpoint, real HTTP servers (stdlib http.server) on 127.0.0.1 in a thread.
-Plus helpers that drive the inbox pipeline in-process (store, route, run, deliver)."""
+Plus helpers that drive the inbox pipeline in-process (store, route, run, deliver).
+
+With inline work on (the default) routing also runs the inline-safe consumers (the echo
+auto-reply, analytics), and a run sends the replies it wrote right after their commit. That
+send waits for the commit: a test that expects it needs `django_db(transaction=True)` (in a
+test's rolled-back transaction the replies stay claimed, unsent, and `deliver` skips them).
+The helpers that run consumers return once the answers of those sends are recorded too."""
 
 from __future__ import annotations
 
@@ -17,8 +23,9 @@ from django.conf import settings
 from django.utils import timezone
 
 from bots.models import Bot, ConsumerRun, InboundUpdate, RunState
-from bots.services import consumer_run_execute, inbox_update_route, inbox_update_store
+from bots.services import consumer_run_execute, inbox_update_route, inbox_update_store, inbox_updates_route
 from outbox.models import OutboundMessage, State
+from outbox.sending.late import late_answers
 from tests.outbox.helpers import drive
 
 _update_ids = itertools.count(1000)
@@ -158,10 +165,37 @@ def message_update(
     }
 
 
+def store(bot: Bot, payload: dict[str, Any]) -> InboundUpdate:
+    """What the webhook does: the update stored, not routed yet."""
+    return inbox_update_store(bot=bot, payload=payload)[0]
+
+
+def answered() -> None:
+    """Wait for the answers an inline send left to this process's late-answers thread
+    (outbox/sending/late.py): on a busy host the sandbox may answer after the send stops
+    waiting, and the test reads what was sent."""
+    assert late_answers.drain(timeout=30), "late answers still out after 30 s"
+
+
+def route(update: InboundUpdate) -> list[int]:
+    """What the per-update route task (the sweeper's redispatch) does; the runs' ids."""
+    runs = inbox_update_route(update.pk)
+    answered()
+    return runs
+
+
+def route_all(bot: Bot) -> int:
+    """One router pass over the bot's new updates; how many it routed."""
+    n = inbox_updates_route(bot.pk)
+    answered()
+    return n
+
+
 def receive(bot: Bot, payload: dict[str, Any]) -> InboundUpdate:
-    """What the webhook does (store), then what the route task does."""
-    update, _ = inbox_update_store(bot=bot, payload=payload)
-    inbox_update_route(update.pk)
+    """What the webhook does (store), then what the route task does (with inline work, the
+    inline-safe runs too)."""
+    update = store(bot, payload)
+    route(update)
     return update
 
 
@@ -177,7 +211,9 @@ def execute(update: InboundUpdate, consumer: str, *, due_now: bool = False) -> s
         ConsumerRun.objects.filter(pk=run.pk, state__in=[RunState.PENDING, RunState.RETRY]).update(
             next_attempt_at=timezone.now()
         )
-    return consumer_run_execute(run.pk)
+    outcome = consumer_run_execute(run.pk)
+    answered()
+    return outcome
 
 
 def deliver(bot: Bot) -> list[str]:

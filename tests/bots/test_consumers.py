@@ -1,5 +1,7 @@
 """Fan-out to independent consumers, in-process against the real PostgreSQL, the sandbox over
-HTTP and local fake CRM / model servers."""
+HTTP and local fake CRM / model servers, with production's inline work: routing runs the echo
+auto-reply and analytics at once, and a run sends its replies right after their commit (a
+test that sees them sent is transactional)."""
 
 from __future__ import annotations
 
@@ -15,9 +17,20 @@ from django.utils import timezone
 
 from bots import registry
 from bots.models import AnalyticsEvent, ConsumerRun, InboundUpdate, RunState
-from bots.services import consumer_run_execute, inbox_update_route, inbox_update_store
-from outbox.models import DeadLetter, OutboundMessage
-from tests.bots.fakes import FakeCRM, FakeOpenAI, deliver, execute, message_update, receive, run_of
+from bots.services import consumer_run_execute, inbox_update_store
+from outbox.models import DeadLetter, OutboundMessage, State
+from tests.bots.fakes import (
+    FakeCRM,
+    FakeOpenAI,
+    deliver,
+    execute,
+    message_update,
+    receive,
+    route,
+    route_all,
+    run_of,
+    store,
+)
 
 CRM_LOOKUP = "tests.bots.fakes.crm_lookup"
 
@@ -61,7 +74,7 @@ def test_crm_webhook_is_not_routed_when_no_crm_url_is_set(bot) -> None:
 # --- fan-out independence --------------------------------------------------------------------
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 @override_settings(DOVECOTE_CRM_LOOKUP=CRM_LOOKUP)
 def test_a_crm_that_is_down_does_not_stop_the_auto_reply_and_is_retried_without_a_duplicate_lead(
     bot, sandbox, crm: FakeCRM
@@ -70,10 +83,10 @@ def test_a_crm_that_is_down_does_not_stop_the_auto_reply_and_is_retried_without_
     with override_settings(DOVECOTE_CRM_WEBHOOK_URL=crm.url):
         update = receive(bot, message_update(chat_id=4242, text="Is the bike still for sale?", message_id=1))
 
-        assert execute(update, "crm_webhook") == "retry"
-        assert execute(update, "auto_reply") == "done"
-        assert deliver(bot) == ["sent"]
+        # The router answered; the CRM's run has a task of its own.
+        assert run_of(update, "auto_reply").state == RunState.DONE
         assert sandbox.sent_texts(token=bot.token, chat_id=4242) == ["Echo: Is the bike still for sale?"]
+        assert execute(update, "crm_webhook") == "retry"
         crm_run = run_of(update, "crm_webhook")
         assert crm_run.state == RunState.RETRY
         assert crm_run.last_error_class == "transient"
@@ -145,7 +158,7 @@ def test_analytics_records_one_event_per_update_with_its_latency(bot) -> None:
     update = receive(
         bot, message_update(chat_id=-100200, text="hi all", message_id=9, chat_type="supergroup", date=sent_at)
     )
-    assert execute(update, "analytics") == "done"
+    assert run_of(update, "analytics").state == RunState.DONE  # run by the router
     # A re-run (a worker died after writing) adds nothing.
     ConsumerRun.objects.filter(pk=run_of(update, "analytics").pk).update(state=RunState.RETRY)
     execute(update, "analytics")
@@ -163,7 +176,7 @@ def test_analytics_times_an_edit_of_an_old_message_from_the_edit_not_the_origina
     edited["edited_message"] = {**edited.pop("message"), "edit_date": now - 3}
     update = receive(bot, edited)
 
-    assert execute(update, "analytics") == "done"
+    assert run_of(update, "analytics").state == RunState.DONE  # run by the router
 
     event = AnalyticsEvent.objects.get(update=update)
     assert event.update_type == "edited_message"
@@ -175,7 +188,7 @@ def test_analytics_times_an_edit_of_an_old_message_from_the_edit_not_the_origina
 def test_analytics_stores_no_latency_for_a_date_too_old_to_be_a_delivery_delay(bot) -> None:
     update = receive(bot, message_update(chat_id=7, text="from 1970", message_id=4, date=1))
 
-    assert execute(update, "analytics") == "done"
+    assert run_of(update, "analytics").state == RunState.DONE  # run by the router
 
     event = AnalyticsEvent.objects.get(update=update)
     assert event.latency_ms is None
@@ -185,17 +198,19 @@ def test_analytics_stores_no_latency_for_a_date_too_old_to_be_a_delivery_delay(b
 # --- replay, races, age ----------------------------------------------------------------------
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_replay_of_a_finished_update_gets_no_second_reply_and_runs_nothing_again(bot, sandbox) -> None:
     payload = message_update(chat_id=31, text="once", message_id=1)
     update = receive(bot, payload)
-    for consumer in ("auto_reply", "analytics"):
-        execute(update, consumer)
-    deliver(bot)
+    assert {run.consumer: run.state for run in update.runs.all()} == {
+        "auto_reply": RunState.DONE,
+        "analytics": RunState.DONE,
+    }
+    assert sandbox.sent_texts(token=bot.token) == ["Echo: once"]
 
     again, created = inbox_update_store(bot=bot, payload=payload)
     assert not created
-    assert inbox_update_route(again.pk) == []
+    assert route(again) == []
     for run in update.runs.all():
         assert consumer_run_execute(run.pk) == "not-waiting"
     assert deliver(bot) == []
@@ -223,14 +238,14 @@ def booking() -> Iterator[list[str]]:
     registry.unregister("booking")
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_a_key_per_press_not_per_chat_and_button_the_same_button_pressed_again_tomorrow_gets_a_new_answer(
     bot, sandbox, booking: list[str]
 ) -> None:
     today = sandbox.push_callback(bot.token, chat_id=44, data="table-4", message_id=1)["update"]
     first = receive(bot, today)
     assert execute(first, "booking") == "done"
-    assert deliver(bot) == ["sent", "sent"]
+    deliver(bot)  # what the run's worker could not send at once (the chat's pace)
 
     # The next day the same person presses the same button in the same chat: a new
     # callback query, a new intentional command. A key per chat and button would swallow it.
@@ -238,7 +253,8 @@ def test_a_key_per_press_not_per_chat_and_button_the_same_button_pressed_again_t
     assert tomorrow["callback_query"]["id"] != today["callback_query"]["id"]
     second = receive(bot, tomorrow)
     assert execute(second, "booking") == "done"
-    assert deliver(bot) == ["sent", "sent"]
+    deliver(bot)
+    assert set(OutboundMessage.objects.filter(bot=bot).values_list("state", flat=True)) == {State.SENT}
 
     assert sandbox.sent_texts(token=bot.token, chat_id=44) == ["Booked: table-4", "Booked: table-4"]
     answered = sandbox.calls(token=bot.token, method="answerCallbackQuery")
@@ -301,15 +317,31 @@ def test_two_workers_racing_on_one_run_execute_it_once(bot, slow_counter: list[i
 
 @pytest.mark.django_db
 def test_a_run_older_than_its_max_age_is_cancelled_with_a_reason_not_run_late(bot, sandbox) -> None:
-    update = receive(bot, message_update(chat_id=12, text="from yesterday", message_id=1))
+    # Routed late (the sweeper's redispatch after an outage): the router runs nothing late.
+    update = store(bot, message_update(chat_id=12, text="from yesterday", message_id=1))
     InboundUpdate.objects.filter(pk=update.pk).update(received_at=timezone.now() - timedelta(hours=25))
 
-    assert execute(update, "auto_reply") == "too-old"
+    route(update)
 
     run = run_of(update, "auto_reply")
     assert run.state == RunState.CANCELLED
     assert "max age" in run.cancel_reason
     assert not OutboundMessage.objects.exists()
+    assert sandbox.sent_texts(token=bot.token) == []
+
+
+@pytest.mark.django_db
+def test_a_run_whose_task_comes_after_its_max_age_is_cancelled_with_a_reason_not_run_late(bot, crm: FakeCRM) -> None:
+    with override_settings(DOVECOTE_CRM_WEBHOOK_URL=crm.url):
+        update = receive(bot, message_update(chat_id=12, text="call me", message_id=1))
+        InboundUpdate.objects.filter(pk=update.pk).update(received_at=timezone.now() - timedelta(hours=25))
+
+        assert execute(update, "crm_webhook") == "too-old"
+
+    run = run_of(update, "crm_webhook")
+    assert run.state == RunState.CANCELLED
+    assert "max age" in run.cancel_reason
+    assert crm.posts == []
 
 
 @pytest.mark.django_db
@@ -333,7 +365,7 @@ def test_an_auth_error_pauses_the_consumer_and_keeps_its_runs(bot, crm: FakeCRM)
 # --- the openai responder --------------------------------------------------------------------
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_the_openai_responder_sends_the_models_answer_with_the_chats_history(
     bot_factory, sandbox, model: FakeOpenAI
 ) -> None:
@@ -343,13 +375,13 @@ def test_the_openai_responder_sends_the_models_answer_with_the_chats_history(
     ):
         first = receive(shop, message_update(chat_id=77, text="Hi", message_id=1))
         model.reply = "Hello! How can I help?"
-        assert execute(first, "auto_reply") == "done"
-        assert deliver(shop) == ["sent"]
+        assert execute(first, "auto_reply") == "done"  # a model's run has a task of its own
+        assert sandbox.sent_texts(token=shop.token, chat_id=77) == ["Hello! How can I help?"]
 
         model.reply = "Yes, it is still available."
         second = receive(shop, message_update(chat_id=77, text="Is the red bike still available?", message_id=3))
         assert execute(second, "auto_reply") == "done"
-        assert deliver(shop) == ["sent"]
+        deliver(shop)  # the answer, if the chat's one message a second kept it from going at once
 
     assert sandbox.sent_texts(token=shop.token, chat_id=77) == ["Hello! How can I help?", "Yes, it is still available."]
     request = model.requests[-1]
@@ -413,7 +445,7 @@ def _joined_with_one_cut(parts: list[str], full: str) -> bool:
     return full.startswith(first) and full.endswith(second) and not full[len(first) : -len(second)].strip()
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_an_echo_of_a_4090_character_message_arrives_as_two_messages_in_order(bot, sandbox) -> None:
     # 4,090 characters, five of them emoji: 4,095 UTF-16 units, which Telegram accepts from a
     # person; "Echo: " makes the answer 4,101 units, over Telegram's 4,096.
@@ -421,8 +453,8 @@ def test_an_echo_of_a_4090_character_message_arrives_as_two_messages_in_order(bo
     assert len(original) == 4090
     update = receive(bot, message_update(chat_id=77, text=original, message_id=1))
 
-    assert execute(update, "auto_reply") == "done"
-    assert deliver(bot) == ["sent", "sent"]
+    # The router answered and sent the first part; the second waits for the chat's pace.
+    assert deliver(bot) == ["sent"]
 
     texts = sandbox.sent_texts(token=bot.token, chat_id=77)
     assert len(texts) == 2
@@ -442,19 +474,20 @@ def test_an_echo_of_a_4090_character_message_arrives_as_two_messages_in_order(bo
     assert deliver(bot) == []
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 @override_settings(DOVECOTE_REPLY_DEBOUNCE_SECONDS=0.3)
 def test_a_coalesced_burst_longer_than_one_message_is_answered_in_parts_cut_between_messages(bot, sandbox) -> None:
     first_text, second_text = "a" * 3000, "b" * 3000
-    first = receive(bot, message_update(chat_id=78, text=first_text, message_id=1))
-    second = receive(bot, message_update(chat_id=78, text=second_text, message_id=2))
-    assert execute(first, "auto_reply") == "done"  # coalesced into the second's answer
-    assert execute(second, "auto_reply") == "deferred"
+    first = store(bot, message_update(chat_id=78, text=first_text, message_id=1))
+    second = store(bot, message_update(chat_id=78, text=second_text, message_id=2))
+    assert route_all(bot) == 2  # one router pass
+    assert run_of(first, "auto_reply").outcome == "coalesced"  # into the second's answer
     run = run_of(second, "auto_reply")
+    assert run.state == RunState.PENDING  # deferred until the chat is quiet
     time.sleep(max(0.0, (run.next_attempt_at - timezone.now()).total_seconds()) + 0.02)
 
     assert execute(second, "auto_reply") == "done"
-    assert deliver(bot) == ["sent", "sent"]
+    assert deliver(bot) == ["sent"]  # the second part, after the chat's pace
 
     # The echo is one line per message: the cut falls at the line break between them.
     assert sandbox.sent_texts(token=bot.token, chat_id=78) == ["Echo: " + first_text, second_text]
@@ -484,7 +517,7 @@ def test_a_reply_the_outbox_refuses_dead_letters_the_run_at_once_instead_of_retr
     letter = DeadLetter.objects.get(consumer_run=run)
     assert letter.reason_class == "permanent"
     assert "Telegram allows 1024" in letter.last_error
-    assert not OutboundMessage.objects.exists()
+    assert not OutboundMessage.objects.filter(consumer="long_caption").exists()
 
 
 @pytest.mark.django_db
@@ -519,9 +552,10 @@ def fickle_model_consumer() -> Iterator[None]:
     registry.unregister("fickle_model")
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("fickle_model_consumer")
-def test_a_retry_that_writes_another_answer_under_the_same_key_keeps_the_first(bot, sandbox) -> None:
+def test_a_retry_that_writes_another_answer_under_the_same_key_keeps_the_first(bot_factory, sandbox) -> None:
+    bot = bot_factory(responder="none")  # the model's answer is the chat's only one
     update = receive(bot, message_update(chat_id=81, text="hello", message_id=1))
 
     assert execute(update, "fickle_model") == "retry"

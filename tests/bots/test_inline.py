@@ -12,12 +12,12 @@ import pytest
 from django.test import override_settings
 from django.utils import timezone
 
-from bots import registry
+from bots import registry, services
 from bots.models import ConsumerRun, RunState
-from bots.services import consumer_run_execute, inbox_update_store, inbox_updates_route
+from bots.services import inbox_update_store
 from outbox import ratelimit
 from outbox.models import OutboundMessage, State
-from tests.bots.fakes import message_update
+from tests.bots.fakes import answered, message_update
 from tests.support import queued, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("inline_work")]
@@ -27,6 +27,20 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("
 def inline_work():
     with override_settings(DOVECOTE_INLINE_WORK=True):
         yield
+
+
+def inbox_updates_route(bot_id: int) -> int:
+    """A router pass, returning once its inline sends' answers are recorded (on a busy host
+    a send may leave a slow answer to the late-answers thread)."""
+    routed = services.inbox_updates_route(bot_id)
+    answered()
+    return routed
+
+
+def consumer_run_execute(run_pk: int) -> str:
+    outcome = services.consumer_run_execute(run_pk)
+    answered()
+    return outcome
 
 
 def queued_names() -> list[str]:

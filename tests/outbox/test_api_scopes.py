@@ -11,6 +11,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from rest_framework.test import APIClient
 
+from outbox.masking import MASK
 from outbox.models import ApiClient, OutboundMessage, State
 from tests.outbox.helpers import api_client
 
@@ -67,8 +68,22 @@ def test_payloads_are_masked_without_payload_access(shops) -> None:
     seen = reader.get(f"/api/v1/messages/{message_id}/").json()
 
     assert created.json()["payload"] == {"text": "Dear Bob, your results: negative"}
-    assert seen["payload"] == {"text": "<masked>"}
+    assert seen["payload"] == {"text": MASK}
     assert (seen["chat_id"], seen["state"]) == (77, "pending")
+
+
+def test_a_payloads_nested_values_are_masked_too_but_its_ids_and_types_show(shops) -> None:
+    alice_shop, _ = shops
+    writer = api_client("writer", alice_shop, payload_access=True)
+    reader = api_client("reader", alice_shop, payload_access=False)
+    media = [{"type": "photo", "media": "AgAD-file-id", "caption": "Bob's scan, 12 Baker St"}] * 2
+    body = {"bot": alice_shop.name, "chat_id": 77, "method": "sendMediaGroup", "payload": {"media": media}}
+    created = writer.post("/api/v1/messages/", body, format="json", HTTP_IDEMPOTENCY_KEY="album")
+    assert created.status_code == 201, created.json()
+
+    seen = reader.get(f"/api/v1/messages/{created.json()['id']}/").json()
+
+    assert seen["payload"] == {"media": [{"type": "photo", "media": MASK, "caption": MASK}] * 2}
 
 
 def test_a_superuser_may_use_every_bot(shops, django_user_model) -> None:
@@ -131,8 +146,8 @@ def test_a_replay_after_payload_access_was_removed_masks_the_payload(shops) -> N
 
     replayed = send(alice, alice_shop, "k1")
     assert (replayed.status_code, replayed["Idempotent-Replayed"]) == (200, "true")
-    assert replayed.json()["payload"] == {"text": "<masked>"}
+    assert replayed.json()["payload"] == {"text": MASK}
     assert {k: v for k, v in replayed.json().items() if k != "payload"} == {
         k: v for k, v in first.json().items() if k != "payload"
     }
-    assert alice.get(f"/api/v1/messages/{first.json()['id']}/").json()["payload"] == {"text": "<masked>"}
+    assert alice.get(f"/api/v1/messages/{first.json()['id']}/").json()["payload"] == {"text": MASK}

@@ -7,19 +7,13 @@ from __future__ import annotations
 import pytest
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission
-from django.test import Client
 from django.urls import reverse
 
 from outbox import services
 from outbox.models import OutboundMessage, State
 from reconciliation.models import AuditEntry
 from tests.reconciliation.factories import message_row
-from tests.reconciliation.triage_helpers import persona
-
-
-@pytest.fixture
-def operator(db: None):
-    return persona("olga", "Operator")
+from tests.reconciliation.triage_helpers import logged_in, persona
 
 
 @pytest.fixture
@@ -28,12 +22,6 @@ def viewer(db: None):
     user = persona("victor")
     user.user_permissions.add(Permission.objects.get(codename="view_outboundmessage"))
     return user
-
-
-def logged_in(user, *, csrf: bool = False) -> Client:
-    client = Client(enforce_csrf_checks=csrf)
-    client.force_login(user)
-    return client
 
 
 def cancel_url(message: OutboundMessage) -> str:

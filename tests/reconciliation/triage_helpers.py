@@ -6,8 +6,9 @@ import itertools
 from typing import Any
 
 from django.contrib.auth.models import Group, User
+from django.test import Client
 
-from bots.models import Bot, ConsumerRun, RunState
+from bots.models import Bot, ConsumerRun, InboundUpdate, RunState
 from outbox import services as outbox_services
 from outbox.models import DeadLetter, ErrorClass, OutboundMessage, State
 from outbox.sending import single
@@ -58,8 +59,12 @@ def failed_row(bot: Bot, *, reason_class: str = ErrorClass.EXHAUSTED, chat_id: i
     )
 
 
-def failed_run(bot: Bot, *, consumer: str = "auto_reply") -> DeadLetter:
-    update = stored_update(bot)
+def failed_run(
+    bot: Bot, *, consumer: str = "auto_reply", error: str = "CRM down", update: InboundUpdate | None = None
+) -> DeadLetter:
+    """A consumer run that used up its attempts on `update` (a stored message by default),
+    and its dead letter; `error` is its last."""
+    update = update or stored_update(bot)
     run = ConsumerRun.objects.create(
         update=update,
         bot=bot,
@@ -68,7 +73,7 @@ def failed_run(bot: Bot, *, consumer: str = "auto_reply") -> DeadLetter:
         attempts=5,
         next_attempt_at=update.received_at,
         trace_id=update.trace_id,
-        last_error="RuntimeError: CRM down",
+        last_error=f"RuntimeError: {error}",
         last_error_class="exhausted",
     )
     return DeadLetter.objects.create(
@@ -76,7 +81,7 @@ def failed_run(bot: Bot, *, consumer: str = "auto_reply") -> DeadLetter:
         consumer_run=run,
         consumer=consumer,
         reason_class=ErrorClass.EXHAUSTED,
-        last_error="CRM down",
+        last_error=error,
         trace_id=update.trace_id,
         chat_id=update.chat_id,
         idempotency_key=f"upd:{update.update_id}:{consumer}",
@@ -100,6 +105,12 @@ def persona(name: str, group: str | None = None, *, superuser: bool = False) -> 
     if group:
         user.groups.add(Group.objects.get(name=group))
     return user
+
+
+def logged_in(user: User, *, csrf: bool = False) -> Client:
+    client = Client(enforce_csrf_checks=csrf)
+    client.force_login(user)
+    return client
 
 
 def message_of(letter: DeadLetter) -> OutboundMessage:
