@@ -85,6 +85,8 @@ def main() -> None:
 
         chat_ids = list(range(100_000, 100_000 + args.chats))
         text = "Our summer sale starts now"
+        worker = procs[1]
+        cpu_before = c.cpu_snapshot({"sandbox": sandbox.pid, "worker": worker.pid})
         started = time.monotonic()
         if args.replies:
             ids = [
@@ -111,6 +113,7 @@ def main() -> None:
             "the broadcast to drain",
             interval=0.5,
         )
+        cpu = c.cpu_used(cpu_before, c.cpu_snapshot({"sandbox": sandbox.pid, "worker": worker.pid}))
         calls = [x for x in c.sandbox_calls(url, bot.token) if x["method"] == "sendMessage"][1:]
         delivered = sorted(x["at"] for x in calls if x["delivered"])
         refused = sum(1 for x in calls if x["status"] == 429)
@@ -131,6 +134,10 @@ def main() -> None:
             runs = ", ".join(f"{r:.1f}" for r in bare_runs)
             print(f"bare PTB loop      {max(bare_runs):.1f} msg/s (runs before and after: {runs})")
             print(f"rate / min(L, bare) {rate / ceiling:.3f}   (aim >= 0.9)")
+        print(
+            "CPU per message    "
+            + ", ".join(f"{name} {seconds / len(ids) * 1000:.2f} ms" for name, seconds in cpu.items())
+        )
         print(f"429s received      {refused}   (aim 0)")
         print(f"duplicates         {len(delivered) - sent}")
     finally:

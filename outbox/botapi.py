@@ -147,7 +147,7 @@ def _request(read_timeout: float | None = -1.0) -> telegram_http.AiohttpRequest:
     # As many connections as a process has requests in flight (a batch of sends; a single
     # send has one).
     return _StatusRecordingRequest(
-        connection_pool_size=max(4, settings.DOVECOTE_DRAIN_BATCH_SIZE, policy.MAX_SEND_BATCH),
+        connection_pool_size=max(4, settings.DOVECOTE_DRAIN_BATCH_SIZE, policy.MAX_SEND_BATCH, policy.MAX_BULK_BATCH),
         connect_timeout=settings.DOVECOTE_TELEGRAM_CONNECT_TIMEOUT,
         read_timeout=settings.DOVECOTE_TELEGRAM_READ_TIMEOUT if read_timeout == -1.0 else read_timeout,
         pool_timeout=settings.DOVECOTE_TELEGRAM_CONNECT_TIMEOUT,

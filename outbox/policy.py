@@ -14,6 +14,9 @@ MAX_BROKER_COUNTDOWN_SECONDS = 60.0
 # a batch's slot horizon (a paid broadcast bot, or the limiter off) sends batches up to this
 # big (outbox.sending.batch.send_batch_size).
 MAX_SEND_BATCH = 32
+# ... and a broadcast drain's batch, which waits for no reply: its statements shared by more
+# messages (the HTTP client keeps as many connections).
+MAX_BULK_BATCH = 64
 
 
 def answer_wait_seconds() -> float:

@@ -184,21 +184,22 @@ def _claim_due(bot, circuit, *, worker: str, lease: timedelta, size: int, bulk: 
     return messages
 
 
-def send_batch_size(bot) -> int:
+def send_batch_size(bot, *, bulk: bool = False) -> int:
     """How many of a bot's messages one batch claims and sends: DOVECOTE_DRAIN_BATCH_SIZE,
     or as many slots as the bot's rate limit gives within a batch's slot horizon when that
-    is more (a paid broadcast bot at 1,000/s: policy.MAX_SEND_BATCH), or that most with the
-    limiter off. A batch's statements are shared by more messages; a bot at Telegram's
-    default 30/s keeps the default 8 (its horizon holds 7.5 slots: a bigger batch would
-    claim messages only to put them back)."""
+    is more (a paid broadcast bot at 1,000/s: policy.MAX_SEND_BATCH, and a broadcast's batch
+    up to policy.MAX_BULK_BATCH), or that most with the limiter off. A batch's statements
+    are shared by more messages; a bot at Telegram's default 30/s keeps the default 8 (its
+    horizon holds 7.5 slots: a bigger batch would claim messages only to put them back)."""
     size = settings.DOVECOTE_DRAIN_BATCH_SIZE
     if size <= 1:
         return size
+    most = policy.MAX_BULK_BATCH if bulk else policy.MAX_SEND_BATCH
     if not settings.DOVECOTE_RATE_LIMITS_ENABLED:
-        room = policy.MAX_SEND_BATCH
+        room = most
     else:
-        room = math.ceil(bot.rate_limit * SLOT_HORIZON_SECONDS)
-    return max(size, min(policy.MAX_SEND_BATCH, room))
+        room = math.ceil(bot.rate_limit * (BULK_SLOT_HORIZON_SECONDS if bulk else SLOT_HORIZON_SECONDS))
+    return max(size, min(most, room))
 
 
 def _drop_expired_and_vetoed(
@@ -566,7 +567,7 @@ def _drain_broadcasts(bot_id: int, *, worker: str, report: DrainReport, permits:
     if bot is None:
         wakeups.release(key)
         return report
-    size = send_batch_size(bot)
+    size = send_batch_size(bot, bulk=True)
     lease = timedelta(seconds=settings.DOVECOTE_SEND_LEASE_SECONDS)
     started = time.monotonic()
     holds_key = True

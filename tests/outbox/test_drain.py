@@ -61,6 +61,13 @@ def test_a_batch_of_sends_is_as_big_as_the_bots_rate_allows(
     assert batch.send_batch_size(Bot(rate_limit=rate_limit)) == size
 
 
+@pytest.mark.parametrize(("rate_limit", "size"), [(30, 8), (100, 25), (1000, 64)])
+def test_a_broadcasts_batch_is_as_big_as_the_bots_rate_allows_in_its_horizon(rate_limit: int, size: int) -> None:
+    from bots.models import Bot
+
+    assert batch.send_batch_size(Bot(rate_limit=rate_limit), bulk=True) == size
+
+
 @pytest.mark.django_db
 @pytest.mark.usefixtures("no_limits")
 def test_a_drain_sends_every_due_message_once_a_batch_at_a_time(bot, sandbox) -> None:
