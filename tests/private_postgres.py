@@ -33,7 +33,7 @@ from typing import Any
 
 import psycopg
 
-from tests.support import ROOT, VENV_BIN, base_env, free_port, wait_until
+from tests.support import ROOT, VENV_BIN, base_env, free_port, require_tool, wait_until
 
 # Smaller than a server's defaults: several clusters may run beside the shared one on 2 cores.
 # wal_writer_delay: how long an asynchronous commit may sit in WAL buffers (PostgreSQL's
@@ -58,18 +58,17 @@ PREFIX = "dovecote-pg-"
 UNWRITTEN_WAL = "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), pg_current_wal_lsn())"
 
 
-def bindir() -> Path:
-    """PostgreSQL's programs: DOVECOTE_PG_BIN, else the installed server's (pg_config)."""
+def bindir() -> Path | None:
+    """PostgreSQL's server programs: DOVECOTE_PG_BIN, else the installed server's."""
     if os.environ.get("DOVECOTE_PG_BIN"):
         return Path(os.environ["DOVECOTE_PG_BIN"])
-    found = subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True, check=False).stdout.strip()
-    if found and (Path(found) / "initdb").exists():
-        return Path(found)
+    config = shutil.which("pg_config")
+    found = subprocess.run([config, "--bindir"], capture_output=True, text=True, check=False).stdout if config else ""
+    if found.strip() and (Path(found.strip()) / "initdb").exists():
+        return Path(found.strip())
     # Debian's /usr/bin/pg_config may belong to the client package only.
     versions = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda p: int(p.parent.parent.name))
-    if not versions:
-        raise FileNotFoundError("no initdb: set DOVECOTE_PG_BIN to PostgreSQL's bin directory")
-    return versions[-1].parent
+    return versions[-1].parent if versions else None
 
 
 class PrivatePostgres:
@@ -77,7 +76,8 @@ class PrivatePostgres:
     (initdb refuses root)."""
 
     def __init__(self, *, settings: dict[str, str] | None = None) -> None:
-        self.bin = bindir()
+        install = "`make services` installs Debian's postgresql (or set DOVECOTE_PG_BIN)"
+        self.bin = require_tool("PostgreSQL's initdb", bindir(), install=install)
         self.port = free_port()
         # The pid in the name: a run killed before its teardown leaves a cluster running, which
         # the next run stops (`remove_clusters_of_dead_runs`).
@@ -88,7 +88,7 @@ class PrivatePostgres:
         self._user: dict[str, Any] = {}
         self._orphans: list[int] = []  # a killed postmaster and its processes, until gone
         if os.geteuid() == 0:
-            owner = pwd.getpwnam("postgres")
+            owner = require_tool("a postgres user (initdb refuses root)", _user("postgres"), install=install)
             self._user = {"user": owner.pw_uid, "group": owner.pw_gid, "extra_groups": []}
             os.chown(self.dir, owner.pw_uid, owner.pw_gid)
 
@@ -260,6 +260,13 @@ def remove_clusters_of_dead_runs() -> None:
             os.kill(postmaster, signal.SIGQUIT)  # PostgreSQL's immediate shutdown
             wait_until(lambda pid=postmaster: not _exists(pid), timeout=30, message=f"postmaster {postmaster} to stop")
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _user(name: str) -> pwd.struct_passwd | None:
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        return None
 
 
 def _children(pid: int) -> list[int]:
