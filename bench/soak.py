@@ -3,7 +3,8 @@
     .venv/bin/python bench/soak.py [--seeds 50] [--start 1] [--chunk 10] [--out var/soak]
 
 Runs pytest on the module with `--seed N` for seeds start .. start+seeds-1, `--chunk` seeds
-per pytest run (each run creates its own test database once), and prints one line per seed
+per pytest run (each run creates its own test database once, and its own PostgreSQL cluster,
+migrated once, which every seed crashes: tests/private_postgres.py), and prints one line per seed
 as it finishes - held, or failed with its first violations - and a total, e.g.
 "50 seeds: 50 held, 0 failed". The test writes each seed's result to <out>/results.jsonl and
 a failed seed's full report (schedule, violations, rows, log lines) to `<out>/seed-N.txt`

@@ -1,18 +1,22 @@
 """project/rows.py's insert of a row given as values (the webhook's one statement), and its
-statements committed asynchronously."""
+statements committed asynchronously, against a PostgreSQL the tests crash."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+import itertools
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 
-import psycopg
 import pytest
 from django.db import DataError, connection, transaction
 from django.utils import timezone
 
 from bots.models import AnalyticsEvent, ConsumerRun, InboundUpdate, RunState, UpdateState
-from outbox.models import Attempt, OutboundMessage
+from outbox import transitions
+from outbox.models import Attempt, OutboundMessage, State
 from project import rows
+from tests.conftest import make_bot
+from tests.private_postgres import PrivatePostgres, django_connection_at, remove_clusters_of_dead_runs
 
 pytestmark = pytest.mark.django_db
 
@@ -127,23 +131,88 @@ def _synchronous_commit() -> str:
         return cursor.fetchone()[0]
 
 
+@pytest.fixture(scope="module")
+def crashable_postgres() -> Iterator[PrivatePostgres]:
+    """A cluster of this module's own, which the tests below crash (never the shared server).
+    Its WAL writer wakes every 10 s, the longest PostgreSQL allows, so that an asynchronous
+    commit stays in shared memory, where a crash loses it, until something writes it."""
+    remove_clusters_of_dead_runs()
+    server = PrivatePostgres(settings={"wal_writer_delay": "10s"}).init()
+    server.start()
+    try:
+        server.create_database("crash_template")
+        server.migrate("crash_template")
+        yield server
+    finally:
+        server.stop()
+
+
+_crash_databases = itertools.count(1)
+
+
+@pytest.fixture
+def crashable_db(crashable_postgres: PrivatePostgres, transactional_db: None) -> Iterator[PrivatePostgres]:
+    """A fresh database of the crashable cluster, this process's connection on it."""
+    name = f"crash_{next(_crash_databases)}"
+    crashable_postgres.create_database(name, template="crash_template")
+    with django_connection_at(crashable_postgres, name):
+        yield crashable_postgres
+    if not crashable_postgres.running():
+        crashable_postgres.start()
+    crashable_postgres.drop_database(name)
+
+
+def _claimed_by_alice_in_memory_only(db: PrivatePostgres, sandbox_url: str) -> tuple[OutboundMessage, OutboundMessage]:
+    """A due message (committed, on disk), and alice's claim of it, committed asynchronously
+    and so still in PostgreSQL's memory only (its WAL writer wakes every 10 s)."""
+    message = OutboundMessage.objects.create(
+        bot=make_bot(sandbox_url),
+        chat_id=42,
+        idempotency_key="k",
+        payload={"text": "hi"},
+        next_attempt_at=timezone.now(),
+    )
+    [claimed] = transitions.claim_batch(bot_id=message.bot_id, worker="alice", lease=timedelta(minutes=5), limit=1)
+    assert db.unwritten_wal() > 0, "the claim waited for the disk: not committed asynchronously"
+    return message, claimed
+
+
 @pytest.mark.django_db(transaction=True)
-def test_a_statement_committed_asynchronously_does_not_wait_for_the_disk_and_leaves_the_session_as_it_was(
-    bot,
+def test_an_asynchronous_claim_is_on_disk_once_the_attempt_after_it_commits_even_if_the_postmaster_is_killed(
+    crashable_db: PrivatePostgres, sandbox_server
 ) -> None:
-    setting = "SELECT current_setting('synchronous_commit')"
+    # What the asynchronous commits rely on: a later synchronous commit on the connection
+    # (the attempt row, before any request) waits for the disk, and for this claim with it.
+    message, claimed = _claimed_by_alice_in_memory_only(crashable_db, sandbox_server.base_url)
 
-    assert rows.fetch(setting, [], async_commit=True) == [("off",)]
+    attempts = transitions.begin_attempts([claimed], worker="alice")
+    crashable_db.kill_postmaster()
+    crashable_db.start()
+    connection.close()
 
-    assert _synchronous_commit() == "on"  # the next statements wait for the disk again
-    assert rows.fetch(setting, []) == [("on",)]
-    update = InboundUpdate(bot=bot, update_id=7, payload={}, trace_id="t", next_attempt_at=timezone.now())
-    assert rows.insert_many_once([update], unique=("bot_id", "update_id"), async_commit=True) == 1
-    # Committed: another connection sees it at once.
-    db = connection.settings_dict
-    with psycopg.connect(host=db["HOST"], port=db["PORT"] or 5432, user=db["USER"], dbname=db["NAME"]) as other:
-        found = other.execute("SELECT update_id FROM bots_inboundupdate WHERE id = %s", [update.pk]).fetchall()
-    assert found == [(7,)]
+    row = OutboundMessage.objects.get(pk=message.pk)
+    assert (row.state, row.lease_owner, row.attempts) == (State.SENDING, "alice", 1)
+    assert list(row.attempt_set.values_list("pk", "number", "finished_at")) == [(attempts[message.pk].pk, 1, None)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_message_whose_asynchronous_claim_a_crash_lost_is_claimable_again_and_its_claimer_cannot_send_it(
+    crashable_db: PrivatePostgres, sandbox_server
+) -> None:
+    message, claimed = _claimed_by_alice_in_memory_only(crashable_db, sandbox_server.base_url)
+
+    crashable_db.crash()  # pg_ctl stop -m immediate: the claim was still in memory
+    crashable_db.start()
+    connection.close()
+
+    row = OutboundMessage.objects.get(pk=message.pk)
+    assert (row.state, row.lease_owner, row.attempts) == (State.PENDING, "", 0)  # not stuck in sending
+    # Alice, who believes she holds it, gets no attempt, so she sends nothing.
+    assert transitions.begin_attempts([claimed], worker="alice") == {}
+    [again] = transitions.claim_batch(bot_id=message.bot_id, worker="bob", lease=timedelta(minutes=5), limit=1)
+    assert again.pk == message.pk
+    assert list(transitions.begin_attempts([again], worker="bob")) == [message.pk]
+    assert list(Attempt.objects.filter(message=message).values_list("number", "worker")) == [(1, "bob")]
 
 
 @pytest.mark.django_db(transaction=True)

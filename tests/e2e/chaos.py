@@ -4,11 +4,15 @@ A `Schedule` is drawn from `random.Random(seed)`: chats and their messages (some
 ahead, some expiring, some cancelled, some `on_ambiguous=resend`), and interleaved fault
 windows: 5xx outages, 429 bursts, answers slower than the read timeout, answers dropped
 after delivery, connections dropped before processing, the sandbox's listener stopped
-(connection refused), one worker SIGKILL and one Redis restart. `run()` plays it against a
-Celery worker, a celery-beat running the sweeper every second, a private redis-server and
-a Bot API sandbox of its own; `check()` states the promise as invariants over the rows and
-what the sandbox received. Every message text carries markers (`<m12:000>`), so what the
-sandbox received maps back to the message (and, for a text split in parts, to its part).
+(connection refused), one worker SIGKILL, one Redis restart and one crash of PostgreSQL (an
+immediate stop, or a SIGKILL of the postmaster) in the middle of a flood of users' messages
+and enqueues. `run()` plays it against a Celery worker, a celery-beat running the sweeper
+every second, gunicorn with the webhook, a private redis-server, a private PostgreSQL
+cluster (tests/private_postgres.py) and a Bot API sandbox of its own, with the test's
+enqueues and webhook pushes behaving as real clients do while PostgreSQL is down (retried,
+the same update, the same key); `check()` states the promise as invariants over the rows
+and what the sandbox received. Every message text carries markers (`<m12:000>`), so what
+the sandbox received maps back to the message (and, for a text split in parts, to its part).
 """
 
 from __future__ import annotations
@@ -19,17 +23,17 @@ import random
 import re
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import httpx
 import redis
-from django.db import close_old_connections
+from django.db import InterfaceError, OperationalError, close_old_connections, connection
 from django.db.models import Q
 from django.test import override_settings
 from django.utils import timezone
@@ -40,6 +44,7 @@ from outbox import publishing, ratelimit
 from outbox.models import Attempt, Circuit, CircuitState, DeadLetter, OnAmbiguous, OutboundMessage, State
 from outbox.services import outbound_message_cancel, outbound_message_enqueue
 from reconciliation.models import CaseStatus, ReconciliationCase
+from tests.private_postgres import PrivatePostgres
 from tests.support import Process, free_port, point_celery_at, start_worker, wait_until
 
 # Texts over Telegram's 4,096 characters, which the outbox splits into parts (rows).
@@ -54,6 +59,9 @@ FAST_RECOVERY_ENV = {
     "DOVECOTE_SEND_LEASE_SECONDS": "16",
     # A consumer run whose worker was killed waits out this lease (default 5 minutes).
     "DOVECOTE_CONSUMER_LEASE_SECONDS": "10",
+    # A sweep that PostgreSQL's crash (or the worker's kill) cut off cannot free its lease:
+    # the next sweep waits for it to expire (default a minute).
+    "DOVECOTE_SWEEP_LEASE_SECONDS": "10",
     "DOVECOTE_RETRY_BASE_SECONDS": "0.5",
     "DOVECOTE_RETRY_MAX_SECONDS": "2",
     "DOVECOTE_REDISPATCH_GRACE_SECONDS": "2",
@@ -70,12 +78,16 @@ MARKER = re.compile(r"<m(\d+):(\d{3})>")
 SANDBOX_FAULTS = ("5xx", "429", "slow", "drop_after_deliver", "drop_before")
 # Faults after which a request's outcome is unknown to the sender (each call they hit counts).
 AMBIGUOUS_FAULTS = frozenset({"slow", "drop_after_deliver", "drop_before"})
+# Crashes of the schedule's own PostgreSQL: an immediate stop (`pg_ctl stop -m immediate`), or
+# a SIGKILL of the postmaster (its orphaned backends exit by themselves first); either way it
+# starts again, through crash recovery, when the window ends.
+POSTGRES_FAULTS = ("crash_postgres", "kill_postmaster")
 
 
 # ----------------------------------------------------------------------------- schedule
 @dataclass(frozen=True)
 class PlannedMessage:
-    n: int  # enqueue order, over the whole schedule
+    n: int  # enqueue order over the schedule's chats, then the flood's (numbered after them)
     bot: int  # index into the run's bots
     chat_id: int
     at: float  # seconds after the start
@@ -102,7 +114,7 @@ class PlannedMessage:
 
 @dataclass(frozen=True)
 class FaultWindow:
-    kind: str  # a sandbox fault kind, or "refuse", "kill_worker", "restart_redis"
+    kind: str  # a sandbox fault kind, or "refuse", "kill_worker", "restart_redis", a POSTGRES_FAULTS kind
     at: float
     seconds: float
     params: dict[str, Any] = field(default_factory=dict)
@@ -193,7 +205,39 @@ def make_schedule(seed: int, *, long_texts: bool = LONG_TEXTS) -> Schedule:
     faults.append(FaultWindow("refuse", round(rng.uniform(1.0, 9.0), 1), round(rng.uniform(1.5, 4.0), 1)))
     faults.append(FaultWindow("kill_worker", round(rng.uniform(1.0, 9.0), 1), round(rng.uniform(1.0, 2.0), 1)))
     faults.append(FaultWindow("restart_redis", round(rng.uniform(1.0, 9.0), 1), round(rng.uniform(1.0, 3.0), 1)))
+    # Drawn last, so that a seed's earlier draws (its chats, messages and other faults) are
+    # the ones it had before PostgreSQL crashed in schedules.
+    crash = FaultWindow(
+        "kill_postmaster" if rng.random() < 1 / 3 else "crash_postgres",
+        round(rng.uniform(2.0, 8.0), 1),
+        round(rng.uniform(1.5, 4.0), 1),
+    )
+    faults.append(crash)
+    messages += _flood(rng, around=crash.at, first=len(messages) + 1, bots=bots)
     return Schedule(seed=seed, bots=bots, messages=messages, faults=faults)
+
+
+def _flood(rng: random.Random, *, around: float, first: int, bots: int) -> list[PlannedMessage]:
+    """Traffic of chats of their own around PostgreSQL's crash, so that it strikes with
+    replies and sends in flight: users writing through the webhook from 1.5 s before the
+    crash to 0.5 s after (echo replies being routed, written and sent), and messages
+    enqueued from 1 s before it (claimed, their attempts begun, their answers coming back)."""
+    plans = []
+    for c in range(rng.randint(6, 12)):
+        bot = rng.randrange(bots)
+        for _ in range(rng.randint(1, 3)):
+            plans.append((round(max(0.2, rng.uniform(around - 1.5, around + 0.5)), 2), bot, 600_000 + c, True))
+    for c in range(rng.randint(4, 8)):
+        bot = rng.randrange(bots)
+        for _ in range(rng.randint(2, 3)):
+            plans.append((round(max(0.2, rng.uniform(around - 1.0, around + 0.3)), 2), bot, 700_000 + c, False))
+    plans.sort()
+    return [
+        PlannedMessage(
+            n=n, bot=bot, chat_id=chat_id, at=at, parts=1, webhook=webhook, resend=not webhook and rng.random() < 0.1
+        )
+        for n, (at, bot, chat_id, webhook) in enumerate(plans, start=first)
+    ]
 
 
 # ------------------------------------------------------------------------- processes
@@ -257,7 +301,9 @@ def broker_at(url: str) -> Iterator[None]:
 
 
 def start_beat(env: dict[str, str], processes: list[Process]) -> Process:
-    """celery-beat with the sweeper scheduled by the migration, ticking every second."""
+    """celery-beat with the sweeper scheduled by the migration, ticking every second; once
+    it has sent its first sweep (started later, it could meet the schedule's PostgreSQL
+    crash while it loads its schedule, and exit)."""
     import importlib
 
     from django.apps import apps as django_apps
@@ -269,12 +315,19 @@ def start_beat(env: dict[str, str], processes: list[Process]) -> Process:
     task.interval = IntervalSchedule.objects.create(every=1, period=IntervalSchedule.SECONDS)
     task.expire_seconds = 3  # a tick that waited behind busy workers is superseded by the next
     task.save()
+    beat = beat_process(env)
+    processes.append(beat)
+    wait_until(lambda: "Sending due task" in beat.log() or not beat.alive(), timeout=60, message="beat's first sweep")
+    if not beat.alive():
+        raise AssertionError(f"beat died on start:\n{beat.log()[-3000:]}")
+    return beat
+
+
+def beat_process(env: dict[str, str]) -> Process:
     from tests.support import VENV_BIN
 
     args = [str(VENV_BIN / "celery"), "-A", "project", "beat", "-l", "info", "--scheduler"]
-    beat = Process("beat", [*args, "django_celery_beat.schedulers:DatabaseScheduler"], env)
-    processes.append(beat)
-    return beat
+    return Process("beat", [*args, "django_celery_beat.schedulers:DatabaseScheduler"], env)
 
 
 # ------------------------------------------------------------------------------ run
@@ -285,19 +338,28 @@ class Run:
     schedule: Schedule
     bot_ids: list[int] = field(default_factory=list)
     tokens: list[str] = field(default_factory=list)
-    pushed: dict[int, int | None] = field(default_factory=dict)  # webhook n -> the webhook's last status
+    # webhook n -> the webhook's last answer (200: acknowledged; None: no answer, a connection error)
+    pushed: dict[int, int | None] = field(default_factory=dict)
     replies: dict[int, list[int]] = field(default_factory=dict)  # webhook n -> ids of its echo replies
     ids: dict[int, int] = field(default_factory=dict)  # planned n -> message id (its first part)
     rows: dict[int, list[int]] = field(default_factory=dict)  # planned n -> its rows' ids (parts), after the run
     enqueued_at: dict[int, float] = field(default_factory=dict)  # n -> time.time()
     cancelled: set[int] = field(default_factory=set)  # n whose cancel succeeded
+    # n whose cancel raised (PostgreSQL down): it may have taken effect or not.
+    cancel_unsure: set[int] = field(default_factory=set)
+    # The clients' calls that failed and were made again (while PostgreSQL was down), by kind.
+    retries: Counter[str] = field(default_factory=Counter)
     fault_ids: dict[int, str] = field(default_factory=dict)  # sandbox fault id -> kind
-    # Kill and refuse faults: (kind, just before, just after) the blow, in wall-clock time.
+    # Kill, refuse and PostgreSQL faults: (kind, just before the blow, just after it ended;
+    # for PostgreSQL, once it took connections again), in wall-clock time.
     blows: list[tuple[str, datetime, datetime]] = field(default_factory=list)
+    # Per PostgreSQL crash: bytes of WAL in its memory only (lost) when the crash was ordered.
+    unwritten_wal: list[int] = field(default_factory=list)
     events: list[str] = field(default_factory=list)
     workers: list[Process] = field(default_factory=list)
-    beat: Process | None = None
+    beats: list[Process] = field(default_factory=list)
     crashes: int = 0  # workers that exited by themselves (restarted, as a supervisor would)
+    beat_crashes: int = 0  # the same, of celery-beat
     settled_in: float | None = None
     errors: list[str] = field(default_factory=list)
 
@@ -306,9 +368,10 @@ class Run:
 
 
 class Supervisor:
-    """Keeps one worker running, as systemd or a platform's process manager does: a worker
-    that exits by itself is counted as a crash and started again. While the schedule holds
-    it (a kill window), the worker stays down; released, it starts the next one."""
+    """Keeps one worker and one beat running, as systemd or a platform's process manager
+    does: a process that exits by itself is counted as a crash and started again. While the
+    schedule holds the worker (a kill window), it stays down; released, it starts the next
+    one."""
 
     def __init__(self, run: Run, env: dict[str, str], processes: list[Process]) -> None:
         self.run, self.env, self.processes = run, env, processes
@@ -335,6 +398,13 @@ class Supervisor:
 
     def _loop(self) -> None:
         while not self._stop.wait(0.5):
+            if self.run.beats and not self.run.beats[-1].alive():
+                # celery-beat exits when PostgreSQL refuses it while it loads its schedule.
+                self.run.beat_crashes += 1
+                beat = beat_process(self.env)
+                self.processes.append(beat)
+                self.run.beats.append(beat)
+                self.run.note(self.t0, f"beat started again, after it exited by itself (a crash): {beat.log_path}")
             if self._held or any(w.alive() for w in self.run.workers):
                 continue
             if self._after_kill:
@@ -358,16 +428,105 @@ def set_webhook(sandbox: SandboxServer, token: str, url: str) -> None:
     assert response.json().get("ok"), response.text
 
 
-def push(sandbox: SandboxServer, token: str, chat_id: int, text: str) -> int | None:
-    """A user's message, pushed to the bot's webhook; redelivered (same update) until the
-    webhook answers 200, a few times, as Telegram does."""
-    result = sandbox.push_update({"token": token, "chat_id": chat_id, "text": text})
-    for _ in range(5):
-        if result.get("webhook_status") == 200:
-            break
-        time.sleep(0.5)
-        result = sandbox.push_update({"token": token, "update": result["update"]})
-    return result.get("webhook_status")
+# How often the clients call again what failed (Telegram's redelivery, an enqueue's retry).
+CLIENT_RETRY_SECONDS = 0.5
+# After the faults end, how long the clients keep calling again what still fails.
+CLIENT_GIVE_UP_SECONDS = 30.0
+
+
+class Clients:
+    """The schedule's clients, as real ones behave when the service fails them (PostgreSQL
+    down: the webhook answers 503, an enqueue raises). Telegram keeps a bot's updates in
+    order and delivers the oldest again (the same update) until the webhook answers 200;
+    later ones wait behind it. An enqueue that raised is made again with the same key and
+    the same arguments; a cancel that raised is not (it may have taken effect or not). Only
+    what was acknowledged counts: a 200, an enqueue that returned, a cancel that said so."""
+
+    def __init__(self, run: Run, sandbox: SandboxServer) -> None:
+        self.run, self.sandbox = run, sandbox
+        self.waiting: dict[int, deque[PlannedMessage]] = defaultdict(deque)  # bot -> users' messages in order
+        self.updates: dict[int, dict[str, Any]] = {}  # n -> its update as Telegram built it (redelivered as is)
+        self.enqueues: dict[int, dict[str, Any]] = {}  # n -> the enqueue's arguments, until it returned
+        self.next_try = 0.0  # time.monotonic()
+
+    def backlog(self) -> int:
+        return sum(len(q) for q in self.waiting.values()) + len(self.enqueues)
+
+    def user_writes(self, m: PlannedMessage) -> None:
+        self.waiting[m.bot].append(m)
+        if len(self.waiting[m.bot]) == 1:
+            self._deliver(m.bot)
+
+    def enqueue(self, m: PlannedMessage) -> None:
+        now = timezone.now()
+        self.enqueues[m.n] = {
+            "bot_id": self.run.bot_ids[m.bot],
+            "chat_id": m.chat_id,
+            "payload": {"text": m.text()},
+            "idempotency_key": m.key,
+            "send_at": now + timedelta(seconds=m.send_in) if m.send_in else None,
+            "expires_at": now + timedelta(seconds=m.expires_in) if m.expires_in else None,
+            "on_ambiguous": OnAmbiguous.RESEND if m.resend else OnAmbiguous.HOLD,
+        }
+        self._enqueue(m.n)
+
+    def cancel(self, m: PlannedMessage, t0: float) -> None:
+        pk = self.run.ids.get(m.n)
+        if pk is None:
+            self.run.note(t0, f"m{m.n}: no cancel, its enqueue has not returned")
+            return
+        try:
+            close_old_connections()
+            if outbound_message_cancel(pk, reason="chaos: cancelled by the schedule"):
+                self.run.cancelled.add(m.n)
+                self.run.note(t0, f"cancelled m{m.n}")
+        except (OperationalError, InterfaceError) as exc:
+            self.run.cancel_unsure.add(m.n)
+            self.run.note(t0, f"m{m.n}: the cancel raised ({type(exc).__name__}); it may have taken effect")
+            connection.close()
+
+    def retry(self) -> None:
+        """Call again, once each, what is due for another try."""
+        if time.monotonic() < self.next_try:
+            return
+        for bot in list(self.waiting):
+            if self.waiting[bot]:
+                self._deliver(bot, again=True)
+        for n in list(self.enqueues):
+            self._enqueue(n, again=True)
+
+    def _deliver(self, bot: int, *, again: bool = False) -> None:
+        queue = self.waiting[bot]
+        while queue:
+            m = queue[0]
+            if again:
+                self.run.retries["webhook"] += 1
+            token = self.run.tokens[bot]
+            if m.n in self.updates:
+                result = self.sandbox.push_update({"token": token, "update": self.updates[m.n]})
+            else:
+                result = self.sandbox.push_update({"token": token, "chat_id": m.chat_id, "text": m.text()})
+                self.updates[m.n] = result["update"]
+            self.run.pushed[m.n] = result.get("webhook_status")
+            if result.get("webhook_status") != 200:
+                self.next_try = time.monotonic() + CLIENT_RETRY_SECONDS
+                return
+            queue.popleft()
+            again = False
+
+    def _enqueue(self, n: int, *, again: bool = False) -> None:
+        if again:
+            self.run.retries["enqueue"] += 1
+        try:
+            close_old_connections()
+            message, _ = outbound_message_enqueue(**self.enqueues[n])
+        except (OperationalError, InterfaceError):
+            connection.close()
+            self.next_try = time.monotonic() + CLIENT_RETRY_SECONDS
+            return
+        del self.enqueues[n]
+        self.run.ids[n] = message.pk
+        self.run.enqueued_at[n] = time.time()
 
 
 def play(
@@ -376,10 +535,12 @@ def play(
     run: Run,
     sandbox: SandboxServer,
     private_redis: PrivateRedis,
+    postgres: PrivatePostgres,
     supervisor: Supervisor,
 ) -> None:
     """Play the schedule: enqueues, webhook pushes, cancels and fault windows at their
-    times, from this thread (the supervisor restarts workers, as that takes seconds)."""
+    times, from this thread (the supervisor restarts workers, as that takes seconds); in
+    between, the clients call again what failed."""
     events: list[tuple[float, int, str, Any]] = []
     for m in schedule.messages:
         events.append((m.at, 1, "enqueue", m))
@@ -387,34 +548,47 @@ def play(
             events.append((m.at + m.cancel_after, 2, "cancel", m))
     for f in schedule.faults:
         events.append((f.at, 0, "start", f))
-        if f.kind in ("refuse", "kill_worker", "restart_redis"):
+        if f.kind in ("refuse", "kill_worker", "restart_redis", *POSTGRES_FAULTS):
             events.append((f.at + f.seconds, 0, "end", f))
     events.sort(key=lambda e: (e[0], e[1]))
     t0 = time.monotonic()
     supervisor.start(t0)
+    clients = Clients(run, sandbox)
+    crashing: dict[str, threading.Thread] = {}
+    crashed: dict[str, datetime] = {}
+    restarts: list[threading.Thread] = []
+
+    def crash_postgres(kind: str) -> None:
+        unwritten, ordered = postgres.crash_when_wal_waits(kill=kind == "kill_postmaster")
+        crashed[kind] = datetime.fromtimestamp(ordered, tz=UTC)
+        run.unwritten_wal.append(unwritten)
+        run.note(t0, f"{kind}: {unwritten} B of WAL were in PostgreSQL's memory only when the crash was ordered")
+
+    def restart_postgres(kind: str, crash: threading.Thread) -> None:
+        crash.join(60)
+        try:
+            postgres.start()
+        except (RuntimeError, AssertionError) as exc:
+            run.errors.append(f"PostgreSQL did not start again after {kind}: {exc}")
+            return
+        run.blows.append((kind, crashed.pop(kind), timezone.now()))
+        run.note(t0, f"PostgreSQL takes connections again after {kind}")
+
+    def wait_for(at: float) -> None:
+        while (left := at - (time.monotonic() - t0)) > 0:
+            if clients.backlog():
+                clients.retry()
+                left = min(left, max(0.01, clients.next_try - time.monotonic()))
+            time.sleep(left)
 
     for at, _, what, item in events:
-        time.sleep(max(0.0, at - (time.monotonic() - t0)))
+        wait_for(at)
         if what == "enqueue" and item.webhook:
-            run.pushed[item.n] = push(sandbox, run.tokens[item.bot], item.chat_id, item.text())
+            clients.user_writes(item)
         elif what == "enqueue":
-            m: PlannedMessage = item
-            now = timezone.now()
-            message, _ = outbound_message_enqueue(
-                bot_id=run.bot_ids[m.bot],
-                chat_id=m.chat_id,
-                payload={"text": m.text()},
-                idempotency_key=m.key,
-                send_at=now + timedelta(seconds=m.send_in) if m.send_in else None,
-                expires_at=now + timedelta(seconds=m.expires_in) if m.expires_in else None,
-                on_ambiguous=OnAmbiguous.RESEND if m.resend else OnAmbiguous.HOLD,
-            )
-            run.ids[m.n] = message.pk
-            run.enqueued_at[m.n] = time.time()
+            clients.enqueue(item)
         elif what == "cancel":
-            if outbound_message_cancel(run.ids[item.n], reason="chaos: cancelled by the schedule"):
-                run.cancelled.add(item.n)
-                run.note(t0, f"cancelled m{item.n}")
+            clients.cancel(item, t0)
         elif what == "start":
             f: FaultWindow = item
             if f.kind in SANDBOX_FAULTS:
@@ -433,6 +607,11 @@ def play(
                 run.blows.append(("kill_worker", before, timezone.now()))
             elif f.kind == "restart_redis":
                 private_redis.kill()
+            elif f.kind in POSTGRES_FAULTS:
+                # Aimed at a moment when some WAL is in memory only, from a thread: the
+                # clients go on writing meanwhile.
+                crashing[f.kind] = threading.Thread(target=crash_postgres, args=(f.kind,), daemon=True)
+                crashing[f.kind].start()
             run.note(t0, f"start {f.describe()}")
         elif what == "end":
             f = item
@@ -442,9 +621,22 @@ def play(
                 supervisor.release()  # it starts the new worker
             elif f.kind == "restart_redis":
                 private_redis.start()
+            elif f.kind in POSTGRES_FAULTS:
+                # Crash recovery takes a second or more: the clients go on meanwhile.
+                restart = threading.Thread(target=restart_postgres, args=(f.kind, crashing.pop(f.kind)), daemon=True)
+                restart.start()
+                restarts.append(restart)
             run.note(t0, f"end {f.kind}")
-    time.sleep(max(0.0, schedule.faults_end - (time.monotonic() - t0)))
+    wait_for(schedule.faults_end)
+    for restart in restarts:
+        restart.join(120)
     run.note(t0, "faults over")
+    given_up = time.monotonic() + CLIENT_GIVE_UP_SECONDS
+    while clients.backlog() and time.monotonic() < given_up:
+        clients.retry()
+        time.sleep(max(0.0, clients.next_try - time.monotonic()))
+    if run.retries:
+        run.note(t0, f"clients' calls made again: {dict(run.retries)}; {clients.backlog()} never acknowledged")
 
 
 OPEN_STATES = (State.PENDING, State.RETRY, State.SENDING)
@@ -493,15 +685,24 @@ def settle(run: Run, *, timeout: float = SETTLE_SECONDS) -> None:
     resent, and no bot's circuit is open: then twice more, a second apart."""
     start = time.monotonic()
     quiet = 0
+    last = ""
     while time.monotonic() - start < timeout:
         close_old_connections()
-        busy = OutboundMessage.objects.filter(bot_id__in=run.bot_ids, state__in=OPEN_STATES).count()
-        busy += InboundUpdate.objects.filter(bot_id__in=run.bot_ids).exclude(state=UpdateState.DONE).count()
-        busy += ConsumerRun.objects.filter(update__bot_id__in=run.bot_ids, state__in=RUN_OPEN).count()
-        circuits = Circuit.objects.filter(
-            scope__in=[f"bot:{pk}" for pk in run.bot_ids], state__in=[CircuitState.OPEN, CircuitState.HALF_OPEN]
-        ).count()
-        quiet = quiet + 1 if busy == 0 and circuits == 0 and _resendable_unknown(run.bot_ids) == 0 else 0
+        waiting = {
+            "messages": OutboundMessage.objects.filter(bot_id__in=run.bot_ids, state__in=OPEN_STATES).count(),
+            "updates": InboundUpdate.objects.filter(bot_id__in=run.bot_ids).exclude(state=UpdateState.DONE).count(),
+            "runs": ConsumerRun.objects.filter(update__bot_id__in=run.bot_ids, state__in=RUN_OPEN).count(),
+            "circuits": Circuit.objects.filter(
+                scope__in=[f"bot:{pk}" for pk in run.bot_ids], state__in=[CircuitState.OPEN, CircuitState.HALF_OPEN]
+            ).count(),
+            "resends": _resendable_unknown(run.bot_ids),
+        }
+        busy = ", ".join(f"{n} {what}" for what, n in waiting.items() if n)
+        if busy != last:
+            # The timeline says what the wait was for (a failure's report shows it).
+            run.events.append(f"  settling +{time.monotonic() - start:4.1f}s: {busy or 'nothing open'}")
+            last = busy
+        quiet = 0 if busy else quiet + 1
         if quiet >= 3:
             run.settled_in = time.monotonic() - start
             return
@@ -543,6 +744,10 @@ def check(run: Run, sandbox: SandboxServer) -> list[str]:
     cases = ReconciliationCase.objects.filter(message_id__in=all_ids)
     open_cases = set(cases.filter(status=CaseStatus.OPEN).values_list("message_id", flat=True))
     went_unknown = set(cases.values_list("message_id", flat=True))
+    attempts_of: dict[int, list[datetime]] = defaultdict(list)
+    attempts = Attempt.objects.filter(message_id__in=all_ids)
+    for message_id, started_at in attempts.values_list("message_id", "started_at"):
+        attempts_of[message_id].append(started_at)
     got = deliveries(sandbox, run.tokens)
     received: dict[tuple[int, int], int] = Counter((d.n, d.part) for d in got)
     first_call: dict[tuple[int, int], Delivery] = {}
@@ -555,6 +760,17 @@ def check(run: Run, sandbox: SandboxServer) -> list[str]:
 
     for n, m in sorted(planned.items()):
         pks = run.rows.get(n, [])
+        # Only what was acknowledged is owed; and once the faults were over, everything should
+        # have been (the clients kept calling again).
+        if m.webhook and run.pushed.get(n) != 200:
+            problems.append(
+                f"m{n}: the webhook never acknowledged the user's message (last answer {run.pushed.get(n)}),"
+                " though the faults were over"
+            )
+            continue
+        if not m.webhook and n not in run.ids:
+            problems.append(f"m{n}: its enqueue never returned, though the faults were over")
+            continue
         if not pks:
             if m.webhook:
                 problems.append(f"m{n}: the user's message (webhook answered {run.pushed.get(n)}) got no reply")
@@ -575,6 +791,8 @@ def check(run: Run, sandbox: SandboxServer) -> list[str]:
             if row.state == State.SENT:
                 if not all(got_parts):
                     problems.append(f"{label}: sent, but the sandbox has not received it")
+                if not attempts_of[pk]:
+                    problems.append(f"{label}: sent, without an attempt")
             elif row.state == State.FAILED:
                 if pk not in letters:
                     problems.append(f"{label}: failed without a dead letter")
@@ -584,7 +802,7 @@ def check(run: Run, sandbox: SandboxServer) -> list[str]:
                 if pk not in open_cases:
                     problems.append(f"{label}: unknown without an open reconciliation case")
             elif row.state == State.CANCELLED:
-                by_schedule = n in run.cancelled and part == 0
+                by_schedule = (n in run.cancelled or n in run.cancel_unsure) and part == 0
                 expired = m.expires_in is not None and row.last_error_class == "expired"
                 if not by_schedule and not expired:
                     problems.append(f"{label}: cancelled, but the schedule neither cancelled it nor let it expire")
@@ -598,6 +816,34 @@ def check(run: Run, sandbox: SandboxServer) -> list[str]:
                 problems.append(f"{label}: the schedule's cancel succeeded, but it ended {row.state}")
             if any(c > 1 for c in got_parts) and not (m.resend and pk in went_unknown):
                 problems.append(f"{label}: delivered {max(got_parts)} times (on_ambiguous={row.on_ambiguous})")
+
+    # Every delivery is accounted for by a row and one of its attempts, begun (and committed)
+    # before the request went out: no text in the chat that the outbox has no record of, no
+    # more deliveries of a row than its attempts. A crash of PostgreSQL that lost an attempt
+    # row, or a row, after its request had gone would show here.
+    holders: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for pk, row in rows.items():
+        for k in markers(row):
+            holders[k].append(pk)
+    calls: dict[int, list[Delivery]] = defaultdict(list)
+    for d in got:
+        calls[d.call_id].append(d)
+    deliveries_of: Counter[int] = Counter()
+    for call_id, blocks in sorted(calls.items()):
+        owners = {pk for d in blocks for pk in holders.get((d.n, d.part), [])}
+        if not owners:
+            what = ", ".join(f"m{d.n}:{d.part:03d}" for d in blocks)
+            problems.append(f"sandbox call {call_id} delivered {what}, which no row holds")
+            continue
+        if len(owners) > 1:
+            continue  # two rows hold the same text (two replies to one message): reported above
+        pk = owners.pop()
+        deliveries_of[pk] += 1
+        if not any(started.timestamp() <= blocks[0].at for started in attempts_of[pk]):
+            problems.append(f"sandbox call {call_id} delivered id {pk} before any attempt of it was recorded")
+    for pk, count in sorted(deliveries_of.items()):
+        if count > len(attempts_of[pk]):
+            problems.append(f"id {pk}: delivered {count} times, with {len(attempts_of[pk])} attempts recorded")
 
     # Order within each chat: rows (messages, and the parts of one) arrive by their first
     # delivery in enqueue order, which is the outbox's id order (for echo replies that is
@@ -631,9 +877,9 @@ def check(run: Run, sandbox: SandboxServer) -> list[str]:
         for call in sandbox.state.list_calls(method="sendMessage")
         if call["token"] in run.tokens and run.fault_ids.get(call.get("fault", -1)) in AMBIGUOUS_FAULTS
     )
-    # A request in flight when the worker died or the listener went away: its attempt began
-    # before the blow and had not finished when it struck.
-    attempts = Attempt.objects.filter(message_id__in=all_ids)
+    # A request in flight when the worker died, the listener went away or PostgreSQL crashed
+    # (its answer could not be written down): its attempt began before the blow and had not
+    # finished when it struck.
     slack = timedelta(seconds=0.25)
     in_flight = sum(
         attempts.filter(started_at__lte=after + slack)
@@ -646,7 +892,16 @@ def check(run: Run, sandbox: SandboxServer) -> list[str]:
     if unknown_attempts > bound:
         problems.append(
             f"{unknown_attempts} attempts ended unknown, more than the {bound} sends a fault could have"
-            f" cut ({ambiguous_calls} calls hit by slow/drop faults, {in_flight} in flight at kill/refuse)"
+            f" cut ({ambiguous_calls} calls hit by slow/drop faults, {in_flight} in flight at kill/refuse/crash)"
+        )
+
+    # Nothing of the inbox left unfinished (a run whose done mark a crash lost is run again).
+    for update in InboundUpdate.objects.filter(bot_id__in=run.bot_ids).exclude(state=UpdateState.DONE)[:10]:
+        problems.append(f"update {update.update_id} (id {update.pk}) left {update.state}")
+    for r in ConsumerRun.objects.filter(update__bot_id__in=run.bot_ids, state__in=RUN_OPEN).order_by("pk")[:10]:
+        problems.append(
+            f"consumer run {r.pk} ({r.consumer}, update id {r.update_id}) left {r.state}"
+            f" (attempts {r.attempts}, lease {r.lease_owner or '-'} until {_t(r.lease_expires_at)})"
         )
 
     for circuit in Circuit.objects.filter(scope__in=[f"bot:{pk}" for pk in run.bot_ids]):
@@ -665,11 +920,20 @@ def summary(run: Run, sandbox: SandboxServer) -> str:
     states = Counter(OutboundMessage.objects.filter(pk__in=ids).values_list("state", flat=True))
     opened = Circuit.objects.filter(scope__in=[f"bot:{pk}" for pk in run.bot_ids], opened_at__isnull=False).count()
     settled = "never" if run.settled_in is None else f"{run.settled_in:.1f}s"
+    crashes = [
+        f"{kind} down {(after - before).total_seconds():.1f}s"
+        for kind, before, after in run.blows
+        if kind in POSTGRES_FAULTS
+    ]
+    lost = ", ".join(f"{n} B" for n in run.unwritten_wal)
+    acknowledged = sum(status == 200 for status in run.pushed.values())
     return (
         f"seed {run.schedule.seed}: {dict(sorted(states.items()))};"
         f" {len(deliveries(sandbox, run.tokens))} marked blocks delivered;"
-        f" {len(run.cancelled)} cancels took; {len(run.replies)}/{len(run.pushed)} webhook messages answered;"
-        f" circuits opened: {opened}; worker crashes: {run.crashes}; settled in {settled}"
+        f" {len(run.cancelled)} cancels took; {len(run.replies)}/{acknowledged} webhook messages answered;"
+        f" circuits opened: {opened}; worker crashes: {run.crashes}; beat crashes: {run.beat_crashes};"
+        f" postgres: {', '.join(crashes) or 'no crash'} (WAL unwritten at the crash: {lost or '-'});"
+        f" calls made again: {sum(run.retries.values())}; settled in {settled}"
     )
 
 
@@ -722,7 +986,7 @@ def report(run: Run, sandbox: SandboxServer, problems: list[str]) -> str:
                     f" next={_t(r.next_attempt_at)} lease={r.lease_owner} until {_t(r.lease_expires_at)}"
                     f" last_error={r.last_error[:100]!r}"
                 )
-    for proc in [*run.workers, *([run.beat] if run.beat else [])]:
+    for proc in [*run.workers, *run.beats]:
         log = proc.log().splitlines()
         mentions = [ln for ln in log if any(f"message {pk}" in ln or f"[{pk}]" in ln for pk in ids)]
         lines.append(f"--- {proc.name} ({proc.log_path}): {len(log)} lines; about these messages:")

@@ -6,11 +6,15 @@ Each seed draws a schedule (tests/e2e/chaos.py): 20-50 chats with 1-6 messages e
 enqueued over the first seconds, some scheduled ahead, expiring, cancelled or
 `on_ambiguous=resend`; and fault windows: 5xx outages, 429 bursts, answers slower than the
 read timeout, answers dropped after delivery, connections dropped before processing, the
-Bot API refusing connections, one worker SIGKILL and one Redis restart. It runs against a
-real Celery worker, a real celery-beat running the sweeper every second, a private
-redis-server and a Bot API sandbox over HTTP. A failure prints the seed and the schedule;
-replay it with `make test PYTEST_ARGS="tests/e2e/test_fault_schedules.py --seed N"` or
-DOVECOTE_FAULT_SEED=N. `bench/soak.py` runs many seeds. See docs/RELIABILITY.md.
+Bot API refusing connections, one worker SIGKILL, one Redis restart, and one crash of
+PostgreSQL (an immediate stop, or in a third of the seeds a SIGKILL of the postmaster) in
+the middle of a flood of users' messages and enqueues. It runs against a real Celery
+worker, a real celery-beat running the sweeper every second, gunicorn with the webhook, a
+private redis-server, a private PostgreSQL cluster (migrated once per module into a
+template, a database copied from it per seed) and a Bot API sandbox over HTTP. A failure
+prints the seed and the schedule; replay it with
+`make test PYTEST_ARGS="tests/e2e/test_fault_schedules.py --seed N"` or DOVECOTE_FAULT_SEED=N.
+`bench/soak.py` runs many seeds. See docs/RELIABILITY.md.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import pytest
 from bots.sandbox.server import SandboxServer
 from tests.conftest import make_bot
 from tests.e2e import chaos
+from tests.private_postgres import PrivatePostgres, django_connection_at, remove_clusters_of_dead_runs
 from tests.support import Process, free_port, start_web, start_worker
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
@@ -54,6 +59,43 @@ def private_redis() -> Iterator[chaos.PrivateRedis]:
     server.stop()
 
 
+TEMPLATE = "chaos_template"
+# How long an asynchronous commit may wait in WAL buffers before the WAL writer writes it
+# (PostgreSQL's default: 200 ms): longer, so that a crash finds more of them to lose.
+WAL_WRITER_DELAY = "1s"
+
+
+@pytest.fixture(scope="module")
+def private_postgres() -> Iterator[PrivatePostgres]:
+    """The schedules' own PostgreSQL cluster, which they crash (never the shared server):
+    migrated once, into the template each seed's database is copied from."""
+    remove_clusters_of_dead_runs()
+    server = PrivatePostgres(settings={"wal_writer_delay": WAL_WRITER_DELAY}).init()
+    server.start()
+    try:
+        server.create_database(TEMPLATE)
+        server.migrate(TEMPLATE)
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def private_database(private_postgres: PrivatePostgres, transactional_db: None, seed: int) -> Iterator[str]:
+    """This seed's database, a copy of the migrated template, and this process's Django
+    connection on it for the test (the bots, the enqueues, the checks)."""
+    if not private_postgres.running():
+        private_postgres.start()  # a seed that failed in a crash window left it down
+    name = f"chaos_seed_{seed}"
+    private_postgres.drop_database(name)
+    private_postgres.create_database(name, template=TEMPLATE)
+    with django_connection_at(private_postgres, name):
+        yield name
+    if not private_postgres.running():
+        private_postgres.start()
+    private_postgres.drop_database(name)
+
+
 @pytest.fixture
 def own_sandbox() -> Iterator[SandboxServer]:
     """A sandbox on a fixed port of this test's own, which the schedule stops and restarts."""
@@ -64,13 +106,20 @@ def own_sandbox() -> Iterator[SandboxServer]:
 
 def test_every_message_ends_sent_once_or_visible_to_an_operator_after_a_seeded_fault_schedule(
     seed: int,
+    private_postgres: PrivatePostgres,
+    private_database: str,
     process_env: dict[str, str],
     processes: list[Process],
     private_redis: chaos.PrivateRedis,
     own_sandbox: SandboxServer,
 ) -> None:
     schedule = chaos.make_schedule(seed)
-    env = {**process_env, **chaos.FAST_RECOVERY_ENV, "REDIS_URL": private_redis.url}
+    env = {
+        **process_env,
+        **chaos.FAST_RECOVERY_ENV,
+        "REDIS_URL": private_redis.url,
+        "DATABASE_URL": private_postgres.url(private_database),
+    }
     run = chaos.Run(schedule)
     for _ in range(schedule.bots):
         bot = make_bot(own_sandbox.base_url, rate_limit=30)
@@ -85,10 +134,17 @@ def test_every_message_ends_sent_once_or_visible_to_an_operator_after_a_seeded_f
         worker = start_worker(env, concurrency=3, name="worker-1")
         processes.append(worker)
         run.workers.append(worker)
-        run.beat = chaos.start_beat(env, processes)
+        run.beats.append(chaos.start_beat(env, processes))
         supervisor = chaos.Supervisor(run, env, processes)
         try:
-            chaos.play(schedule, run=run, sandbox=own_sandbox, private_redis=private_redis, supervisor=supervisor)
+            chaos.play(
+                schedule,
+                run=run,
+                sandbox=own_sandbox,
+                private_redis=private_redis,
+                postgres=private_postgres,
+                supervisor=supervisor,
+            )
             chaos.settle(run)
         finally:
             supervisor.stop()
