@@ -150,29 +150,36 @@ def kick_chat(message: OutboundMessage) -> None:
 
 
 def redispatch(pks: list[int], now: datetime, *, probe: bool = False) -> int:
-    """The sweeper's redispatch: make the messages due now and hand them to workers (`hand_on`),
-    except a circuit's probe, which goes alone. Returns how many were handed on."""
+    """The sweeper's redispatch: make the messages due now and hand them to workers through
+    their bot's drains (`hand_on`), except a circuit's probe, which goes alone. Returns how
+    many were handed on."""
     due = [pk for pk in pks if transitions.make_due(pk, now=now)]
     if probe:
         return sum(1 for pk in due if dispatch(pk))
-    return hand_on(due)
+    return hand_on(due, drained=True)
 
 
-def hand_on(pks: list[int]) -> int:
-    """Hand these waiting messages to their lane: one wake-up per bot of its drain, or of
-    its broadcast drain for broadcasts (a live drain takes them in turn; a lost one's key
-    expires within seconds and the next sweep wakes a new one). Without the drain's
-    machinery, one task each. Returns how many were handed on."""
+def hand_on(pks: list[int], *, drained: bool = False) -> int:
+    """Hand these waiting messages to workers: a broadcast's to its bot's broadcast drain
+    (one wake-up per bot: a live drain takes them in turn; a lost one's key expires within
+    seconds and the next sweep wakes a new one), never to the replies' queue; the others a
+    task each or, `drained`, one wake-up of their bot's drain. A task each suits a message
+    released from a dead worker (its drain's key may stand a few seconds more) or resent by
+    an operator. Without the drain's machinery, a task each. Returns how many were handed on."""
     if not drain_enabled():
         return sum(1 for pk in pks if dispatch(pk))
-    lanes: dict[tuple[int, bool], int] = {}
-    for bot_id, broadcast in OutboundMessage.objects.filter(pk__in=pks).values_list("bot_id", "broadcast"):
-        lanes[(bot_id, bool(broadcast))] = lanes.get((bot_id, bool(broadcast)), 0) + 1
     handed = 0
-    for (bot_id, bulk), n in lanes.items():
-        if wake_bulk_drain(bot_id) if bulk else wake_drain(bot_id):
-            handed += n
-    return handed
+    bulk: dict[int, int] = {}
+    drains: dict[int, int] = {}
+    for pk, bot_id, broadcast in OutboundMessage.objects.filter(pk__in=pks).values_list("pk", "bot_id", "broadcast"):
+        if broadcast:
+            bulk[bot_id] = bulk.get(bot_id, 0) + 1
+        elif drained:
+            drains[bot_id] = drains.get(bot_id, 0) + 1
+        elif dispatch(pk):
+            handed += 1
+    handed += sum(n for bot_id, n in bulk.items() if wake_bulk_drain(bot_id))
+    return handed + sum(n for bot_id, n in drains.items() if wake_drain(bot_id))
 
 
 # --- the drain's wake-up --------------------------------------------------------------
