@@ -203,3 +203,31 @@ def test_a_broadcast_drain_waits_its_turn_when_its_host_runs_as_many_as_it_may(b
     assert sandbox.calls(token=bot.token, method="sendMessage") == []
     wakeups.return_permit(batch.bulk_permits_key(), "another-drain")
     assert drain_until_done().sent == 2
+
+
+@pytest.mark.e2e
+def test_a_broadcast_drain_killed_after_claiming_its_batch_is_recovered_and_each_chat_gets_one_message(
+    process_env, processes, sandbox, bot_factory
+) -> None:
+    from tests.e2e.test_crash import LEASE, crash_worker, lease_expired
+
+    bot = bot_factory()
+    doomed = crash_worker(process_env, processes, failpoint="after_claim", name="bulk-doomed")
+    ids = broadcast(bot, list(range(801, 807)))
+    wait_until(lambda: not doomed.alive(), timeout=30, message="the worker killed itself after claiming the batch")
+    rows = OutboundMessage.objects.filter(pk__in=ids)
+    assert {(m.state, m.attempts) for m in rows} == {(State.SENDING, 0)}
+
+    crash_worker(process_env, processes, name="bulk-survivor")
+    wait_until(lambda: all(lease_expired(m) for m in rows.all()), timeout=LEASE + 5)
+    with override_settings(DOVECOTE_REDISPATCH_GRACE_SECONDS=0):
+        assert sweep()["messages_released"] == 6
+
+        def all_sent() -> bool:
+            sweep()  # as beat would, once the dead drain's wake-up key has expired
+            return rows.filter(state=State.SENT).count() == 6
+
+        wait_until(all_sent, timeout=30, interval=1.0)
+
+    assert {m.attempts for m in rows.all()} == {1}
+    assert sorted(c["chat_id"] for c in sandbox.calls(token=bot.token, method="sendMessage")) == list(range(801, 807))
