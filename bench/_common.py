@@ -199,7 +199,8 @@ def bare_loop(url: str, token: str, n: int) -> float:
                 try:
                     await bot.send_message(chat_id=10_000 + i, text=f"bare {i}")
                 except RetryAfter as exc:
-                    await asyncio.sleep(float(exc.retry_after))
+                    wait = exc.retry_after
+                    await asyncio.sleep(wait.total_seconds() if hasattr(wait, "total_seconds") else float(wait))
             return time.perf_counter() - start
 
     return n / asyncio.run(run())
