@@ -159,7 +159,7 @@ def reserve_slot(bot_id: int, rate: float, *, horizon: float) -> tuple[str, floa
         return "reserved", nxt - now
 
 
-# `reserve_slot` for n sends at once (a broadcast's fan-out): the k slots that fit within
+# `reserve_slot` for n sends at once (a drain's batch): the k slots that fit within
 # the horizon, one interval apart; k = 0 when paused or already full.
 _RESERVE_MANY_LUA = """
 local t = redis.call('TIME')
