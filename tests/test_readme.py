@@ -8,7 +8,12 @@ import re
 from tests.support import ROOT
 
 # Read by the test suite and the failpoint harness only, never by a deployment.
-TEST_ONLY = {"DOVECOTE_FAILPOINTS", "DOVECOTE_TEST_RUN_ID", "DOVECOTE_FAULT_RESULTS_DIR"}
+TEST_ONLY = {
+    "DOVECOTE_FAILPOINTS",
+    "DOVECOTE_TEST_RUN_ID",
+    "DOVECOTE_FAULT_RESULTS_DIR",
+    "DOVECOTE_TEST_SILENCED_CHECKS",
+}
 NAME = re.compile(r"\bDOVECOTE_[A-Z0-9_]+\b")
 
 

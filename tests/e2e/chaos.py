@@ -40,7 +40,7 @@ from django.utils import timezone
 
 from bots.models import ConsumerRun, InboundUpdate, RunState, UpdateState
 from bots.sandbox.server import SandboxServer
-from outbox import publishing, ratelimit
+from outbox import publishing, ratelimit, wakeups
 from outbox.models import Attempt, Circuit, CircuitState, DeadLetter, OnAmbiguous, OutboundMessage, State
 from outbox.services import outbound_message_cancel, outbound_message_enqueue
 from reconciliation.models import CaseStatus, ReconciliationCase
@@ -279,6 +279,9 @@ def _forget_redis_clients() -> None:
     ratelimit.redis_client.cache_clear()
     ratelimit._reserve_script.cache_clear()
     ratelimit._reserve_many_script.cache_clear()
+    ratelimit._scripts.cache_clear()
+    ratelimit._take_now_script.cache_clear()
+    wakeups._nudge_if_held_script.cache_clear()
     ratelimit._local_pauses.clear()
     publishing.reset()
 

@@ -5,6 +5,8 @@ counting what a turn took. Real Redis; the inline sends through the sandbox."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 from django.test import override_settings
 
@@ -86,13 +88,30 @@ def test_a_group_or_the_limiter_switched_off_takes_the_calls_one_by_one(bot, set
 
 def limiter_calls() -> int:
     """The limiter's scripts run so far (Redis counts the commands inside a script too, so
-    the chat lookups' PTTLs outside one are not told apart: the scripts are the calls)."""
+    the chat lookups' PTTLs outside one are not told apart: the scripts are the calls).
+    Server-wide counts: read from a Redis of the test's own (`own_redis`)."""
     stats = connections.redis_client().info("commandstats")
     return sum(stats.get(f"cmdstat_{name}", {}).get("calls", 0) for name in ("evalsha", "eval"))
 
 
+@pytest.fixture
+def own_redis() -> Iterator[None]:
+    """A redis-server of this test's own, so that no other run's scripts are counted."""
+    from tests.e2e.chaos import PrivateRedis, broker_at
+
+    server = PrivateRedis()
+    server.start()
+    try:
+        with broker_at(server.url):
+            yield
+    finally:
+        server.stop()
+
+
 @pytest.mark.django_db(transaction=True)
-def test_an_inline_reply_takes_its_turn_and_leaves_the_window_in_two_limiter_calls(bot_factory, sandbox) -> None:
+def test_an_inline_reply_takes_its_turn_and_leaves_the_window_in_two_limiter_calls(
+    bot_factory, sandbox, own_redis
+) -> None:
     fast = bot_factory(rate_limit=1000)
     with override_settings(DOVECOTE_INLINE_WORK=True):
         inbox_update_store(bot=fast, payload=message_update(chat_id=111, text="warm", message_id=1))
