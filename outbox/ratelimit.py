@@ -566,7 +566,7 @@ def bulk_wait(bot_id: int, rate: int) -> float:
     if not settings.REDIS_URL:
         return 0.0
     keys = [_pause_key(bot_id), _slot_key(bot_id), _window_key(bot_id)]
-    wait = float(_bulk_wait_script()(keys=keys, args=[max(int(rate), 1)]))
+    wait = float(_bulk_wait_script()(keys=keys, args=[max(int(rate), 1)], client=redis_client()))
     return wait if wait > SLOT_TOLERANCE_SECONDS else 0.0
 
 
