@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint services clean
+.PHONY: demo test lint lock services clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,18 @@ test: $(VENV)/.installed-dev services
 
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+# The lock files: every transitive dependency pinned with its hashes (pip-tools, in a venv of
+# its own so that it never changes .venv). Run after editing requirements*.txt.
+lock:
+	$(PYTHON) -m venv var/pip-tools && var/pip-tools/bin/pip install -q pip-tools==7.7.0
+	var/pip-tools/bin/pip-compile -q --generate-hashes --allow-unsafe --strip-extras --no-header \
+	  --no-emit-index-url --no-emit-find-links \
+	  -o requirements.lock requirements.txt
+	var/pip-tools/bin/pip-compile -q --generate-hashes --allow-unsafe --strip-extras --no-header \
+	  --no-emit-index-url --no-emit-find-links \
+	  -o requirements-dev.lock requirements.txt requirements-dev.txt
 
 clean:
 	rm -rf var/ staticfiles/ .pytest_cache

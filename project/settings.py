@@ -13,6 +13,7 @@ import environ
 from django.core.exceptions import ImproperlyConfigured
 
 from project.connections import broker_kind, database_url_problem, redacted, redis_ssl_options, redis_url_problem
+from project.sentry import init_sentry
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
@@ -493,3 +494,8 @@ LOGGING = {
         "httpcore": {"level": "WARNING"},
     },
 }
+
+# --- Error reporting: Sentry when SENTRY_DSN is set, nothing otherwise (project/sentry.py) --
+SENTRY_DSN = env.str("SENTRY_DSN", default="")
+# sentry-sdk reads SENTRY_ENVIRONMENT and SENTRY_RELEASE from the environment itself.
+SENTRY_ENABLED = init_sentry(SENTRY_DSN)
