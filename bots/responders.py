@@ -70,7 +70,7 @@ Responder = Callable[[Conversation], str]
 
 
 def echo(conversation: Conversation) -> str:
-    """`Echo: ` followed by the gathered texts, one per line (CONTRACT.md)."""
+    """`Echo: ` followed by the gathered texts, one per line."""
     return "Echo: " + "\n".join(conversation.texts)
 
 

@@ -1,4 +1,4 @@
-"""The REST API (CONTRACT.md): thin views over the outbox services.
+"""The REST API (docs/API.md): thin views over the outbox services.
 
 POST /api/v1/messages/ and /api/v1/broadcasts/ require an Idempotency-Key header: 201 new,
 200 replay of the first answer, 422 same key with another body, 409 while the first request

@@ -1,4 +1,4 @@
-"""Dovecote settings, read from the environment (12-factor; see CONTRACT.md).
+"""Dovecote settings, read from the environment (12-factor; every variable is in docs/OPERATIONS.md).
 
 With DEBUG=1 every variable has a development default, so `make demo` runs with no
 configuration at all: SQLite and Celery's file broker under var/. In production

@@ -1,4 +1,4 @@
-"""Management commands of CONTRACT.md: add_bot, set_webhook, queue_status."""
+"""Management commands (docs/OPERATIONS.md): add_bot, set_webhook, queue_status."""
 
 from __future__ import annotations
 

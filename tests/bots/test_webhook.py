@@ -1,4 +1,4 @@
-"""The webhook contract (CONTRACT.md), row by row, against the real PostgreSQL."""
+"""The webhook's behaviour (docs/ARCHITECTURE.md), case by case, against the real PostgreSQL."""
 
 from __future__ import annotations
 

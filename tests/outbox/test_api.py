@@ -1,4 +1,4 @@
-"""The REST API, row by row of CONTRACT.md: token auth, Idempotency-Key semantics, message
+"""The REST API, as docs/API.md describes it: token auth, Idempotency-Key semantics, message
 status, cancel, broadcasts and the OpenAPI schema."""
 
 from __future__ import annotations
