@@ -1,6 +1,6 @@
 """Consumers: how developers extend Dovecote.
 
-A consumer is a function that processes one stored update. Register it in any app's
+A consumer is a function that processes one stored update. Register it in any installed app's
 `consumers.py` (discovered at start-up)::
 
     from bots.registry import consumer
@@ -10,18 +10,10 @@ A consumer is a function that processes one stored update. Register it in any ap
         if ctx.text.startswith("/start"):
             ctx.reply("Welcome!")
 
-Each update gets one ConsumerRun per matching consumer; runs are retried independently.
-Raise `TransientError` to retry with backoff, `PermanentError` to dead-letter at once,
-`AuthError` to pause this consumer while keeping its runs. Any other exception counts as
-transient (a bug is retried a few times, then dead-lettered). Raise `Defer(until)` to run
-again later without spending an attempt (auto-reply waits for a chat's burst this way).
-A string the consumer returns is stored on the run as its outcome.
-
-A run is interrupted after its consumer's `timeout` (default DOVECOTE_CONSUMER_TIMEOUT_SECONDS;
-Celery's soft time limit, so a prefork or gevent worker) and that counts as a failed, transient
-attempt. Meanwhile its worker renews the run's short lease (outbox/workers.py): a dead worker's
-run is taken over within DOVECOTE_CONSUMER_LEASE_SECONDS, a live one's never.
-"""
+Each update gets one ConsumerRun per matching consumer, retried on its own. `TransientError`
+retries with backoff, `PermanentError` dead-letters, `AuthError` pauses the consumer, any other
+exception counts as transient, `Defer(until)` runs it later without spending an attempt. The
+reference: docs/CONSUMERS.md."""
 
 from __future__ import annotations
 
@@ -163,19 +155,14 @@ def consumer(
 ) -> Callable[[Callable[[ConsumerContext], Any]], Callable[[ConsumerContext], Any]]:
     """Register a consumer under a stable name (the name is stored in runs and keys).
 
-    `inline`: the consumer is cheap and synchronous (no network call of its own, well under
-    a second), so the router may run it in its own task right after routing, saving a Celery
-    hop; a callable decides per update. Its run is still a row with its attempts and dead
-    letter, recovered by the sweeper if the router dies.
+    `inline`: cheap and synchronous (no network call of its own), so the router may run it in its
+    own task right after routing; a callable decides per update. Its run is still a row, recovered
+    by the sweeper if the router dies.
 
-    `batch`: the same work for several runs at once (the router's inline runs of one batch
-    of updates), e.g. their rows written in one statement instead of one each. It gets the
-    runs' contexts and returns one outcome per context, in order, as the consumer would
-    have, or None, having done nothing, to have each run tried alone (a run may `Defer`,
-    which a batch cannot answer for one run). If it raises, nothing is settled from it:
-    each run is then tried alone with the consumer itself, its failure settled for that
-    run only, so whatever the batch wrote before it failed must be safe to write again
-    (stable keys, insert once)."""
+    `batch`: the same work for several inline runs at once. It returns one outcome per context, in
+    order, or None (having done nothing) to have each run tried alone. If it raises, each run is
+    tried alone with the consumer itself, so what it wrote must be safe to write again (stable
+    keys, insert once). Details: docs/CONSUMERS.md."""
 
     def decorator(func: Callable[[ConsumerContext], Any]) -> Callable[[ConsumerContext], Any]:
         if name in _registry and _registry[name].func is not func:

@@ -1,21 +1,11 @@
 """Auto-reply: burst coalescing and the reply guard.
 
-People write in bursts ("Hi" / "Still available?" / "Delivery?"). With
-DOVECOTE_REPLY_DEBOUNCE_SECONDS > 0 every message's auto_reply run asks one question:
-is mine the newest message of the chat? Runs of earlier messages finish as "coalesced".
-The newest one defers itself (no worker sleeps) until the chat has been quiet for the
-debounce time (plus an optional human-like delay), then gathers every unanswered message
-of the chat and answers once. A newer message arriving meanwhile takes over the burst.
-
-The guard: ChatState.last_answered_message_id only moves forward, by a conditional UPDATE
-in the same transaction that writes the outbox message, whose key is derived from the
-newest message it covers. Two workers cannot both answer; a crash between the two leaves
-neither; a chat never gets a second answer to a message already answered.
-
-With 0 each message is answered at once by its own run (key upd:<update_id>:auto_reply:0),
-and the guard is moved forward once the reply is sent (outbox.dispatch.after_sends): nothing
-reads it before such an answer, and the request need not wait for it.
-"""
+With DOVECOTE_REPLY_DEBOUNCE_SECONDS > 0 the newest message of a chat defers its run until the
+chat has been quiet that long, then answers every unanswered message at once; runs of earlier
+messages finish as "coalesced". The guard, ChatState.last_answered_message_id, only moves
+forward, in the transaction that writes the reply: two workers cannot both answer, and a chat
+never gets a second answer to a message. With 0 each message is answered at once and the guard
+moves after the send (outbox.dispatch.after_sends). Why: docs/DESIGN.md."""
 
 from __future__ import annotations
 

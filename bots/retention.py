@@ -1,15 +1,10 @@
 """Retention of the inbox: dedupe rows (updates), their text, and the reply guard (chat
 states). Batched and budgeted by outbox/retention.py; the sweeper runs the tasks.
 
-What must hold whatever the settings:
-- an update (its dedupe row) is kept at least 24 hours, Telegram's redelivery window;
-- an update with a run still to do, or with a dead letter an operator has not closed, is
-  kept, and so is its text (a retried run reads it) and every message it sent (the key that
-  stops a retried run from sending twice);
-- a chat's reply guard goes only when nothing could ask it again: no update of the chat is
-  newer than the cutoff (so no new burst gathers the old messages, GATHER_WINDOW) and no run
-  in the chat is unfinished or dead-lettered (a late run would answer its messages twice).
-"""
+Whatever the settings: an update is kept at least 24 hours (Telegram's redelivery window), and
+longer while a run may still read it or a dead letter of it is open, with every message it
+sent (the key that stops a retried run from sending twice); a chat's guard goes only when
+nothing could ask it again. The reasons: docs/DESIGN.md."""
 
 from __future__ import annotations
 

@@ -509,16 +509,11 @@ def _consumer_run_execute(run_pk: int, named: Callable[[str], None]) -> str:
 
 def consumer_runs_execute_inline(runs: list[ConsumerRun]) -> dict[int, str]:
     """The router's inline runs of one batch, just routed and committed: the single run's
-    rules at a batch's price. The runs are claimed (most were written claimed, `_route`; the
-    others in one statement), each consumer runs for all its runs at once (its batch form,
-    `_attempt_all`; a failure is settled for its run alone, as `consumer_run_execute` settles
-    it), the replies a consumer wrote are sent together before the next consumer runs, and
-    the successes are marked done in one statement. A run whose consumer's circuit is not
-    plainly closed takes the single path. Returns each run's outcome.
-
-    A crash mid-batch leaves the claimed runs `running`: the sweeper retries them at their
-    lease's end, and their effects are guarded by stable keys, so a second run writes nothing
-    twice."""
+    rules at a batch's price. Claimed together, each consumer run for all its runs at once (a
+    failure settled for its run alone), its replies sent before the next consumer runs, the
+    successes marked done in one statement; a run whose consumer's circuit is not plainly closed
+    takes the single path. Returns each run's outcome. A crash mid-batch leaves the runs
+    `running` for the sweeper; stable keys keep a second run from writing twice."""
     outcomes: dict[int, str] = {}
     now = timezone.now()
     worker = worker_id()

@@ -1,22 +1,12 @@
 """The one rule of a chat's order: only the head of a chat's queue may go.
 
 An ordered message may be sent only when no earlier ordered message (smaller id) of the same
-bot and chat is still open: waiting in `retry`, being sent (`sending`), or `pending` and due
-by its sender's schedule. A pending message its sender scheduled for later (`send_at` in the
-future) does not hold the chat up; one only deferred by a rate limit or a backoff does.
-`unknown`, `failed`, `cancelled` and `sent` messages never block: the next one proceeds.
-Unordered messages (broadcasts, calls that are not messages) never wait and never block.
-
-Every path that chooses what to send next - the drain's claim, the single send, the kick of
-a chat's next message, the sweeper's redispatch, ramp and circuit probe - uses this module,
-so the rule is written here once. It is plain SQL (PostgreSQL and SQLite both run it) with
-one parameter, the current time; `outbox_open_chat_idx` serves its EXISTS.
-
-"Earlier" is a smaller id, and a check sees only committed rows. So every write of an ordered
-message takes its chat's write lock first (`write_lock`, a transaction-level advisory lock):
-a chat's messages are then committed in the order of their ids, and a check never misses an
-earlier message that another worker has written but not yet committed.
-"""
+bot and chat is still open: `retry`, `sending`, or `pending` and due (a `send_at` in the future
+does not hold the chat up). `unknown`, `failed`, `cancelled` and `sent` never block; unordered
+messages never wait and never block. Every path that chooses what to send next uses this
+module, so the rule is written once. Every write of an ordered message takes its chat's write
+lock first (`write_lock`), so a check never misses an earlier uncommitted message. Why:
+docs/DESIGN.md."""
 
 from __future__ import annotations
 

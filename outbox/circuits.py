@@ -1,19 +1,12 @@
 """Circuit breakers for destinations (a bot's Bot API access: ``bot:<id>``; a consumer's
 endpoint: ``consumer:<name>``).
 
-closed -> open: an auth error, or FAILURES_TO_OPEN failures in a row. Attempts stop, the
-  queue is kept, and exactly one alert is logged (``alert=circuit_open``) per opening -
-  the conditional UPDATE closed -> open decides which worker logs it.
-open -> half_open: at ``next_probe_at`` one caller wins the conditional UPDATE and sends
-  a single probe; everyone else keeps waiting. The probe holds the circuit for
-  DOVECOTE_CIRCUIT_PROBE_LEASE_SECONDS, so a probe whose worker died is retried rather than orphaned.
-half_open -> closed: the probe succeeded. The backlog then drains gradually (the sweeper
-  releases RAMP_FIRST_BATCH, then twice as many each tick up to the rate limit; see
-  `ramp_allowance`), and every job re-checks its own state before it is sent.
-half_open -> open: the probe failed; the next probe waits twice as long (up to
-  DOVECOTE_CIRCUIT_MAX_PROBE_SECONDS). Same outage: no second alert.
-A manual (operator) pause has no probe time and is lifted only by `resume`.
-"""
+closed -> open: an auth error, or FAILURES_TO_OPEN failures in a row; the queue is kept and one
+alert is logged per opening. open -> half_open: at ``next_probe_at`` one caller wins and sends a
+single probe, under DOVECOTE_CIRCUIT_PROBE_LEASE_SECONDS. half_open -> closed on success (the
+sweeper then ramps the backlog, `ramp_allowance`); half_open -> open on failure, the next probe
+waiting twice as long. A manual pause has no probe and is lifted only by `resume`. The state
+machine: docs/ARCHITECTURE.md."""
 
 from __future__ import annotations
 

@@ -1,18 +1,10 @@
 """Handing messages to workers: one message's task, or a wake-up of its bot's drain.
 
-`dispatch` publishes after the row is committed and never raises: when the broker does not
-take the task, the row stays due and the sweeper dispatches it (`redispatch`). A bot's drain
-is woken through a coalesced wake-up key (outbox/wakeups.py): a burst of messages wakes one
-drain; a drain with a full batch fans out one more; a drain that stops with work left
-hands its key over to its continuation. `kick_chat` hands a chat's next ordered message on
-when the one before it is done.
-
-Two lanes: replies (anything a person waits for) go through the bot's drain on the
-`dovecote` queue; broadcasts through the bot's broadcast drain on `dovecote.bulk`, which
-takes the bot's rate only while no reply waits for it (outbox/sending/batch.py). Each has
-its own wake-up key, and a host runs at most DOVECOTE_BULK_DRAINS_PER_HOST broadcast drains
-at once, so that routers and replies always find a worker process.
-"""
+`dispatch` publishes after the row is committed and never raises: when the broker does not take
+the task, the row stays due and the sweeper dispatches it (`redispatch`). A bot's drain is woken
+through a coalesced wake-up key (outbox/wakeups.py); `kick_chat` hands a chat's next ordered
+message on. Replies go through the bot's drain on `dovecote`, broadcasts through its broadcast
+drain on `dovecote.bulk`, each with its own key. Why: docs/DESIGN.md."""
 
 from __future__ import annotations
 

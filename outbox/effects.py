@@ -1,32 +1,14 @@
 """The effect ledger barrier: every side effect outside the outbox goes through it.
 
-An effect is keyed by a key stable across retries, derived from its source and operation
-(e.g. ``eff:<bot>:<update_id>:<consumer>:crm_post``), never minted per attempt::
+An effect is keyed by a key stable across retries (``eff:<bot>:<update_id>:<consumer>:<op>``)::
 
     result = effect_run(key, lambda e: crm.post(..., headers={"Idempotency-Key": e.key}),
                         reconcile=lambda key: crm.lookup(key))
 
-or, as a context manager::
-
-    with effect(key) as e:
-        if not e.done:
-            e.record(result=crm.post(...), external_id=...)
-    return e.result
-
-The barrier, by the ledger row's state:
-
-- ``done``: skipped; the stored result is returned.
-- ``started`` by a live lease: another worker is doing it now; `EffectInProgress` (retry later).
-- ``started`` with an expired lease, or ``unknown``: the runner died or lost the answer, so
-  nobody knows whether it applied. Never repeated blindly: a ``reconcile`` hook (a read-only
-  lookup) settles it if given; otherwise a reconciliation case is opened and
-  `EffectAmbiguous` is raised until an operator decides.
-- ``failed`` (known not to have applied): retried.
-
-Exceptions from the effect: `EffectFailed` and those listed in ``not_applied`` mean the
-effect certainly did not happen (``failed``, retry allowed); anything else may have
-happened after the request left (``unknown``).
-"""
+By the ledger row's state: ``done`` is skipped and its result returned; ``started`` under a
+live lease raises `EffectInProgress`; ``started`` past its lease, or ``unknown``, is never
+repeated blindly: ``reconcile`` settles it, or a case is opened and `EffectAmbiguous` raised;
+``failed`` (known not applied) runs again. More: docs/DESIGN.md."""
 
 from __future__ import annotations
 

@@ -1,16 +1,11 @@
 """Who sees payloads in full, and what everyone else sees of them: the one rule every admin
 page, the dead letter's story and its export apply.
 
-The permission is reconciliation's (`view_payload`), named here rather than imported, because
-outbox's own admin (error texts, Telegram's results) applies it too.
-
-Masking keeps an allow-list, not a list of what to hide: a value is shown only under a field
-Telegram fills with an identifier, a date, a type or a size, and flags (true/false) and empty
-values are shown everywhere. Everything else (texts, names, contacts, places, votes, queries,
-payment details, and any field Telegram adds tomorrow) is masked, at any depth, in updates,
-in outbound payloads and in Telegram's results alike. `for_user` is what a page renders:
-masked or not, and clipped (outbox/payloads.py).
-"""
+Masking keeps an allow-list: a value is shown only under a field Telegram fills with an
+identifier, a date, a type or a size (flags and empty values everywhere); everything else,
+any field Telegram adds tomorrow included, is masked at any depth. The permission is
+reconciliation's `view_payload`, named here rather than imported. `for_user` is what a page
+renders. Why: docs/DESIGN.md."""
 
 from __future__ import annotations
 

@@ -1,21 +1,11 @@
 """Prometheus counters and histograms of what happens, in one module at the bottom of the
-dependency order (reconciliation -> bots -> outbox), so every app records without importing
-upward.
+dependency order, so every app records without importing upward.
 
-Each process counts in its own prometheus-client registry, and a thread ships what it
-counted since the last shipment to one Redis hash every second (`ship`): every gunicorn
-worker and every Celery child, on any host or dyno, adds into the same totals, and
-`/metrics` on any web process reads them. A Procfile platform's worker dynos cannot be
-scraped and share no disk with web, so per-host sums (prometheus-client's multiprocess
-directory) would leave the sends, retries and dead letters they count out of every
-alert. What a process counted while Redis was away is shipped when it answers again, and
-a shipment Redis applied but whose answer was lost is not added again (`Shipper`); if
-Redis itself restarts empty, the totals start again from zero, which Prometheus's rate()
-and increase() read as a counter reset. Without REDIS_URL, /metrics shows the answering
-process's own counts.
-
-Labels are bounded: bot names, method names, error classes, consumer names; never chat ids.
-"""
+Each process counts in its own registry and a thread ships what it counted to one Redis hash
+every second (`ship`), so `/metrics` on any web process reads the totals of every process on
+every host. A shipment is added once even when its answer was lost (`Shipper`). Without
+REDIS_URL, /metrics shows the answering process's own counts. Labels are bounded (bots,
+methods, error classes, consumers; never chat ids). Why: docs/DESIGN.md."""
 
 from __future__ import annotations
 

@@ -1,16 +1,9 @@
 """Retention: the outbox's tables, and the batching every app's retention runs on.
 
-A retention pass is a list of tasks (purge these payloads, prune those rows); each call of a
-task's step handles one batch of at most DOVECOTE_RETENTION_BATCH_SIZE rows in its own short
-transaction, picked in index order. `run` takes one batch of each task in turn until every
-task is finished or the pass's time budget (DOVECOTE_RETENTION_BUDGET_SECONDS) is spent: the
-sweeper then simply continues on its next tick. One table cannot starve the others, and one
-pass never holds the sweeper (or a lock) for long.
-
-The outbox imports nothing from the apps above it: what they need kept (a message with an open
-reconciliation case, an effect an operator has not decided) they pass in as `keep` conditions.
-bots/retention.py and reconciliation/retention.py add their tables' tasks; the sweeper runs them.
-"""
+A pass is a list of tasks; each step handles one batch of at most DOVECOTE_RETENTION_BATCH_SIZE
+rows in its own short transaction. `run` takes one batch of each task in turn until all are
+done or DOVECOTE_RETENTION_BUDGET_SECONDS is spent; the next sweep continues. What the apps
+above need kept they pass in as `keep` conditions. Why: docs/DESIGN.md."""
 
 from __future__ import annotations
 
@@ -135,10 +128,10 @@ def delete_rows(model: type[Model], ids: list[int]) -> int:
 
     On PostgreSQL: one statement per related table with the ids as one array parameter
     (`= ANY(%s)`), following the models' on_delete (CASCADE recursively, SET_NULL). Django's
-    collector does the same work but builds its queries from model instances: at 2,000 ids
-    a batch it spent three times as long in Python as PostgreSQL spent deleting
-    (bench/retention.py). Anything else - another database, a delete signal receiver, an
-    on_delete other than CASCADE, SET_NULL or DO_NOTHING - goes through Django's collector.
+    collector does the same work but builds its queries from model instances, and spent far
+    longer in Python than PostgreSQL spent deleting (docs/PERFORMANCE.md). Anything else -
+    another database, a delete signal receiver, an on_delete other than CASCADE, SET_NULL or
+    DO_NOTHING - goes through Django's collector.
     """
     if connection.vendor == "postgresql" and _fast_deletable(model, set()):
         with connection.cursor() as cursor:

@@ -163,7 +163,7 @@ def idempotency_key_problem(key: str) -> str:
     return ""
 
 
-# One search in C: 0.3 µs for a reply's key, where a generator over its characters took 2.2.
+# One search in C rather than a loop over the key's characters: every reply's key is checked.
 _UNUSABLE_KEY_CHARACTER = re.compile("[\x00-\x1f\x7f\ud800-\udfff]")
 _ON_AMBIGUOUS = frozenset(OnAmbiguous.values)  # `.values` builds its list on every read
 

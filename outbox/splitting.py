@@ -1,36 +1,12 @@
 """Splitting an over-long `sendMessage` into parts Telegram accepts. Pure: no Django, no I/O.
 
-Telegram counts a text's length in UTF-16 code units after entity parsing: at most 4,096 for
-a message, 1,024 for a caption. An emoji outside the Basic Multilingual Plane counts 2.
-
-What a split does, precisely (`split_text`):
-
-- A text within the limit is one part, unchanged (and nothing is removed).
-- A longer one is cut greedily, each part as long as the limit allows: at the last paragraph
-  break in range (a whitespace run holding two or more line breaks), else the last line break,
-  else the last space or tab; only a word longer than the limit by itself is cut inside, and
-  never inside a surrogate pair (Python strings hold whole code points; the UTF-16 count is
-  what is measured) nor, when avoidable, before a combining mark or a joiner.
-- The whitespace run at each cut is removed, and so is the whitespace at both ends of a text
-  that is split (Telegram trims a message's ends anyway). Precisely: ``text ==
-  separators[0] + parts[0] + separators[1] + ... + parts[-1] + separators[-1]``, every
-  separator is whitespace only, and every part is non-empty and neither starts nor ends
-  with whitespace.
-- ``entities`` (offsets and lengths in UTF-16 units) are re-based to each part; an entity
-  crossing a cut becomes one entity in each part it touches; what lies only in removed
-  whitespace is dropped.
-- ``parse_mode`` HTML: measured as Telegram does (tags stripped, ``&amp;``-style references
-  counted as the character they stand for), and the cuts are made in that visible text, so
-  a cut never falls inside a tag or a reference. Elements open at a cut are closed at the
-  end of the part and opened again (with their attributes) at the start of the next, so
-  each part is well-formed HTML with the same formatting. Markup that cannot be followed
-  (a stray ``<``, a closing tag that does not match) raises `CannotSplit` when a split is
-  needed; a text within the limit is left for Telegram to judge.
-- ``parse_mode`` Markdown or MarkdownV2 is never split: their markup toggles cannot be cut
-  safely without Telegram's own parser. Their length is estimated leniently (markup
-  characters not counted), so that a text Telegram would accept is not refused here; a
-  longer one raises `CannotSplit` (send HTML or entities instead).
-"""
+Telegram counts length in UTF-16 code units after entity parsing: 4,096 for a message, 1,024
+for a caption. `split_text` cuts greedily at the last paragraph break in range, else a line
+break, else a space; inside a word only when the word alone is too long (never inside a
+surrogate pair). The whitespace at each cut is removed; ``entities`` are re-based to each part;
+with ``parse_mode`` HTML the cuts fall in the visible text and open elements are closed and
+reopened. Markdown is never split (`CannotSplit` when too long). The precise rules:
+docs/DESIGN.md."""
 
 from __future__ import annotations
 

@@ -1,20 +1,11 @@
 """python-telegram-bot's HTTP layer on aiohttp: the outbox's Bot API requests, cheaper.
 
-python-telegram-bot talks HTTP through a `BaseRequest`; its default, `HTTPXRequest`, cost
-2.5-2.6 ms of CPU per sendMessage here against 0.46-0.53 ms for this class, eight requests
-in flight at a time against the sandbox (docs/PERFORMANCE.md): httpx parses the URL and
-extracts cookies on every request, and httpcore asks anyio for every pooled socket's
-attributes each time it places one. aiohttp's C HTTP parser and its connector do the same
-work in a fraction of that. The contract to the rest of the outbox is python-telegram-bot's:
-errors come out as `TimedOut` and `NetworkError`, whose cause tells whether the request can
-have left (`never_sent`).
-
-What this keeps of `HTTPXRequest`: the connection pool's size, the connect, read and pool
-timeouts (a wait for a free connection counts against the connect timeout, and is "never
-sent" like it), a proxy from the environment (HTTPS_PROXY, HTTP_PROXY, NO_PROXY; read once
-per host), certifi's CA bundle, and no cookies. There is no write timeout: a Bot API request's body is small, and
-a send cut short mid-body would be "maybe delivered" anyway.
-"""
+python-telegram-bot talks HTTP through a `BaseRequest`; its default, `HTTPXRequest`, costs
+several times this class's CPU per request (docs/PERFORMANCE.md). The contract is
+python-telegram-bot's: errors come out as `TimedOut` and `NetworkError`, whose cause tells
+whether the request can have left (`never_sent`). Kept from `HTTPXRequest`: the pool's size,
+the connect, read and pool timeouts, a proxy from the environment (read once per host),
+certifi's CA bundle, no cookies. Why: docs/DESIGN.md."""
 
 from __future__ import annotations
 
@@ -79,7 +70,7 @@ class AiohttpRequest(BaseRequest):
                 connector=connector,
                 cookie_jar=aiohttp.DummyCookieJar(),
                 # Not trust_env: aiohttp would read the environment (and ~/.netrc) again for
-                # every request, 1 ms of CPU each here; `_proxy` reads it once per host.
+                # every request; `_proxy` reads it once per host.
                 skip_auto_headers=("User-Agent",),
             )
 
@@ -155,9 +146,9 @@ _JSON_HEADERS = {**_HEADERS, "Content-Type": "application/json"}
 
 def _body(request_data: RequestData | None) -> tuple[aiohttp.FormData | bytes | None, dict[str, str]]:
     """The request's body as python-telegram-bot encodes it: its JSON payload (an object of
-    the parameters' JSON values, which the Bot API reads as it reads the same form fields),
-    and a multipart form when it uploads files. Not the form: urlencoding quotes the text
-    byte by byte in Python, ~8% of a worker's CPU per echo."""
+    the parameters' JSON values, which the Bot API reads as it reads the same form fields), and a
+    multipart form when it uploads files. Not the form: urlencoding quotes the text byte by byte
+    in Python."""
     if request_data is None:
         return None, _HEADERS
     if not request_data.contains_files:

@@ -84,22 +84,18 @@ def claim_batch(
     bulk: bool = False,
 ) -> list[OutboundMessage]:
     """pending|retry -> sending for up to `limit` of the bot's due messages, oldest due first,
-    in one statement. Skips rows another worker holds (SKIP LOCKED), ordered messages with an
-    earlier one still open in their chat, and everything while the bot's circuit is not
-    closed (its probe goes one by one). Broadcasts are the bulk lane's (`bulk`: only them,
-    else none of them). With `due_since`, only messages that fell due since then (the rest
-    is the sweeper's ramp). With `ids`, only those messages (a worker sending the ones it
-    has just written).
-    Committed asynchronously (project/rows.py): each is sent only after its attempt row's
-    commit, which waits for the disk and so for this claim too; a claim PostgreSQL loses in a
-    crash leaves the message as it was."""
+    in one statement, skipping rows another worker holds (SKIP LOCKED), ordered messages with an
+    earlier one open in their chat, and everything while the bot's circuit is not closed.
+    `bulk`: the broadcast lane only (else none of it). `due_since`: only messages due since then.
+    `ids`: only those. Committed asynchronously (project/rows.py): the attempt row's commit, before
+    any request, waits for the disk and so for this claim too."""
 
     now = timezone.now()
     # The pick is a CTE so that it runs once: as an `id IN (subquery)` PostgreSQL may run it
     # again for each row, and each run skips the rows the statement has just locked, so the
-    # LIMIT would not hold (measured: one claim of 32 took all 200 due rows). Ordered by
-    # next_attempt_at alone, the order of outbox_due_idx, so that the scan stops at the
-    # LIMIT; with an `id` tie-break PostgreSQL sorted every due row first (266 ms for 1,000).
+    # LIMIT would not hold (one claim could take every due row). Ordered by next_attempt_at
+    # alone, the order of outbox_due_idx, so that the scan stops at the LIMIT; with an `id`
+    # tie-break PostgreSQL sorted every due row first.
     columns = ", ".join(f"m.{c}" for c in selectors.message_columns())
     lane = "q.broadcast <> ''" if bulk else "q.broadcast = ''"
     sql = f"""
@@ -134,15 +130,12 @@ def claim_batch(
 
 
 def write_claimed(message: OutboundMessage, *, worker: str, lease: timedelta) -> bool | None:
-    """(new) -> sending, or -> as given: write the message once per key (PostgreSQL), born
-    claimed by `worker` when `claim_batch` would claim it at once (pending and due, not a
-    broadcast, no earlier message of its chat open, the bot's circuit closed), in the one
-    statement that writes it. For a worker that sends what it writes (outbox.dispatch.
-    claims_on_write). None: the key was taken, nothing was written. True: written claimed,
-    its state and lease set on `message`, and `message.circuit_dirty` as a claim sets it.
-    False: written as given (pending), for the drain. Committed asynchronously, as a claim
-    (`claim_batch`): its writer's consumer run is marked done only later, so a crash of
-    PostgreSQL that loses the row loses that mark too, and the run writes it again."""
+    """(new) -> sending, or -> as given: write the message once per key, born claimed by
+    `worker` when `claim_batch` would claim it at once, in the one statement that writes it (for
+    a worker that sends what it writes). None: the key was taken, nothing written. True: written
+    claimed (state, lease and `circuit_dirty` set on `message`). False: written pending, for the
+    drain. Committed asynchronously, as a claim: a row PostgreSQL loses takes its run's done mark
+    with it, and the run writes it again."""
     return write_many_claimed([message], worker=worker, lease=lease)[0]
 
 

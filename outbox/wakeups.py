@@ -1,20 +1,11 @@
 """Coalesced wake-ups: one Redis key per (kind, bot) says a task of that kind is queued or
 running for the bot, so a burst of work publishes one task instead of one per item.
 
-The protocol, the same for the outbox's drain and the inbox's router: whoever sets the key
-(SET NX) publishes the task; everyone else trusts it. The running task renews the key as it
-goes; when it finds nothing more to do it deletes the key and looks once more, so work
-committed while the key was still held is never left without a task. A task lost with its
-worker or its broker message stops renewing the key, which then expires (KEY_TTL_MS), and the
-next wake-up, or the sweeper, publishes a new one. When Redis fails, `take` says so (None)
-and the caller falls back: the work stays due in its rows, and the sweeper dispatches it.
-
-A task may also linger with its key for a while after its work ran out (`await_nudge`): a
-wake-up that finds the key held then nudges it through a list beside the key, and the
-lingering task looks again at once, instead of the next item paying for a publish, the
-broker and a worker's hop. A nudge only says "look again": the look after it finds the
-work in its rows, and a lingering task that gives up still lets go and looks once more.
-"""
+Whoever sets the key (SET NX) publishes the task. The running task renews it; when it runs out
+of work it deletes the key and looks once more, so nothing committed meanwhile is left without
+a task. A lost task's key expires (KEY_TTL_MS). When Redis fails, `take` says None and the work
+waits in its rows for the sweeper. A task may linger with its key (`await_nudge`) and be nudged
+instead of a publish. The protocol in full: docs/DESIGN.md."""
 
 from __future__ import annotations
 
@@ -209,24 +200,12 @@ class Deferred:
     """Wake-ups handed to a thread of this process, so a request does not wait on Redis or
     the broker, and a burst costs one round trip per round instead of one per item.
 
-    `add(key, item)` records the item and returns at once; the thread calls
-    `wake_up(key, items)` with every item added for the key since its previous round. A round
-    starts after every item it covers was committed (add is called after the commit), so the
-    protocol above still holds: the SET NX comes after the commit, a task that let go of its
-    key before it looks once more. Between rounds the thread pauses `interval` seconds: under
-    load many requests share a round (a task woken by the last round is starting or running
-    then, and takes what arrives meanwhile with its next batch); an idle process wakes the
-    task at once. A process that
-    dies with items still here is like Redis failing: the work is due in its rows and the
-    sweeper dispatches it.
-
-    `at_once(key, item)`, when given, is tried in the caller's thread while the process is
-    quiet (the thread waits with nothing to do, and no item came within `interval`): a
-    wake-up that costs the request one round trip and no publish (`nudge_if_held`), instead
-    of the wait for the thread to get the GIL back from the request. It says True when the
-    item needs nothing more, False to hand it to the thread as usual, None when Redis
-    failed: then the thread has this item and the next ones for AT_ONCE_BACKOFF_SECONDS,
-    so a Redis that hangs holds one request at a time, not each."""
+    `add(key, item)` returns at once; the thread calls `wake_up(key, items)` with every item added
+    since its previous round, each round after the items were committed, pausing `interval` between
+    rounds. `at_once(key, item)`, when given, is tried in the caller's thread while the process is
+    quiet: True when the item needs nothing more, False to hand it to the thread, None when Redis
+    failed (then the thread takes the items for AT_ONCE_BACKOFF_SECONDS). A process that dies with
+    items here is like Redis failing. More: docs/DESIGN.md."""
 
     AT_ONCE_BACKOFF_SECONDS = 5.0
 

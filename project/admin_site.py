@@ -1,22 +1,11 @@
 """The admin site: Django's, with the input of every admin page checked before the page reads
-it, for the project's model admins and the installed apps' alike (auth, authtoken,
-django-celery-beat).
+it, for the project's model admins and the installed apps' alike.
 
-Django's admin answers most bad input itself: a filter value of the wrong type sends the user
-back with `?e=1`, an unknown object id to the index with a message. These are the cases where
-it raises instead, which was a 500:
-
-- a NUL character in a parameter or a URL: PostgreSQL holds none in text, and refuses a query
-  that compares text with one (400);
-- an action's selected row whose id is not an id of that table (400);
-- a date drill-down whose range ends past the last date Python holds, in 9999 (`?e=1`, as for
-  any other date that does not exist);
-- "view on site" of a model with no page on a site, which Django fetches before it asks, and
-  which may have no table (reconciliation.TriagePermissions only holds permissions) (404).
-
+The cases where Django's admin raises on bad input (a 500) are answered here instead: a NUL
+character in a parameter or URL (400), an action's selected id that is not an id (400), a date
+drill-down past 9999 (`?e=1`), "view on site" of a model without a page (404).
 `INSTALLED_APPS` names `AdminConfig` in place of `django.contrib.admin`, so `admin.site` is
-this site.
-"""
+this site. The cases in detail: docs/DESIGN.md."""
 
 from __future__ import annotations
 

@@ -1,19 +1,11 @@
 """The garbage collector in a long-running web or worker process.
 
-Python's full (generation 2) collection walks every object the collector tracks. A web or
-worker process holds a few hundred thousand of them from its imports alone (Django, Celery,
-python-telegram-bot, the models), none of which ever becomes garbage, so each full
-collection stopped the process for 37-85 ms on a 2-core host: the echoes it held up were the
-slowest 1% of `bench/sidebyside.py`'s end-to-end latencies. Frozen once the process is ready
-(gc.freeze: moved to a permanent generation the collector skips), what is left to walk is
-what the process made since, and cycles among those are still collected as before.
-
-The youngest generation is collected after 10,000 new container objects instead of 700: a
-router's batch makes tens of thousands of short-lived ones (rows, model instances, JSON),
-and at 700 the collector ran every few dozen of them. In `bench/hotpath_cpu.py`'s router
-the collector's time per update fell from ~80 µs (default) to ~30 µs (frozen) to ~7 µs
-(frozen, 10,000). The cost: at most that many more objects wait for their collection.
-"""
+Once the process is ready its startup heap (imports: Django, Celery, python-telegram-bot, the
+models; never garbage) is frozen (gc.freeze), so a full collection walks only what the process
+made since; and the youngest generation is collected after 10,000 new objects instead of 700,
+since a router's batch makes tens of thousands of short-lived ones. The cost: at most that
+many more objects wait for their collection. Why, with the pauses it removed:
+docs/DESIGN.md and docs/PERFORMANCE.md."""
 
 from __future__ import annotations
 

@@ -19,12 +19,11 @@ def random_id() -> str:
 
 def time_ordered_id() -> str:
     """32 hex digits that sort by the time they were made: the milliseconds since the epoch
-    (12 digits) and then 80 random bits, as a UUIDv7 lays them out. For ids that a B-tree
-    index holds on a table that only grows (the trace ids of updates, consumer runs and
-    messages): a new id goes to the index's right-hand edge, as a serial key does, not to a
-    random leaf. On a table of millions of rows a random leaf is one PostgreSQL must read in
-    and write back, and after each checkpoint write whole into the WAL (bench/trace_ids.py,
-    with 1 M updates stored: 35 against 21 KiB of WAL per update as the hot path writes it)."""
+    (12 digits) and then 80 random bits, as a UUIDv7 lays them out. For ids that a B-tree index
+    holds on a table that only grows (the trace ids of updates, consumer runs and messages): a
+    new id goes to the index's right-hand edge, as a serial key does, not to a random leaf that
+    PostgreSQL must read in, write back and, after each checkpoint, write whole into the WAL
+    (docs/PERFORMANCE.md)."""
     return f"{time.time_ns() // 1_000_000:012x}{random.getrandbits(80):020x}"
 
 

@@ -69,17 +69,11 @@ def _rows_source(model: type[Model], alias: str = "") -> str:
 
 def _rows_json(rows: list[Model]) -> str:
     """The rows' values to insert as a JSON array of {column: value}, taken from the
-    instances as they are (what their fields store: ints, strs, aware datetimes in ISO 8601,
-    a JSON field's value nested) rather than through each field's get_db_prep_save, which
-    cost ~0.13 ms per row of a consumer run's 17 columns. An auto_now(_add) field is set as
-    save() would set it.
-
-    Encoded by orjson, a third of json's CPU for these rows (bench/row_build.py); what it
-    refuses (an int past 64 bits, a dict key that is not a str, a lone surrogate, a type it
-    does not know) goes to json as before, whose errors are the ones callers see. orjson
-    writes NaN as null where json refuses it: a model with a float column is encoded by json,
-    and a JSON field's value must hold finite numbers (the outbox refuses a payload holding
-    NaN at enqueue, outbox/services.py `call_fingerprint`)."""
+    instances as they are (ints, strs, aware datetimes in ISO 8601, a JSON field's value nested)
+    rather than through each field's get_db_prep_save; an auto_now(_add) field is set as save()
+    would. Encoded by orjson; what it refuses goes to json, whose errors callers see. orjson
+    writes NaN as null: a model with a float column is encoded by json, and the outbox refuses a
+    payload holding NaN at enqueue (`call_fingerprint`). Why: docs/DESIGN.md."""
     model = type(rows[0])
     for f in _dated(model):
         for row in rows:
@@ -148,13 +142,12 @@ M = TypeVar("M", bound=Model)
 
 def new(model: type[M], /, **values: Any) -> M:
     """`model(**values)` for the hot paths' new rows, the same instance built without
-    Model.__init__'s descriptor calls and default look-ups per field, which cost 11-26 µs a
-    row against 3-8 (bench/row_build.py; a router's batch of 50 builds 250 rows): each
-    field's value as given (a foreign key by its attname, or by its name as an instance,
-    then cached on the row, and a one-to-one's row on it, as the descriptor caches them) or
-    its default. Anything else Model.__init__ would do differently (a property or an unknown
-    name among the values, a parent link, receivers of pre_init or post_init) takes
-    Model.__init__ itself."""
+    Model.__init__'s descriptor calls and default look-ups per field (docs/PERFORMANCE.md): each
+    field's value as given (a foreign key by its attname, or by its name as an instance, then
+    cached on the row, and a one-to-one's row on it, as the descriptor caches them) or its
+    default. Anything else Model.__init__ would do differently (a property or an unknown name
+    among the values, a parent link, receivers of pre_init or post_init) takes Model.__init__
+    itself."""
     plan = _new_plan(model)
     if plan is None or not values.keys() <= plan.names:
         return model(**values)
@@ -204,10 +197,9 @@ def _new_plan(model: type[Model]) -> _NewPlan | None:
 def fetch(sql: str, params: list[Any], *, async_commit: bool = False) -> list[tuple[Any, ...]]:
     """Run one of the hot paths' fixed statements (the claims, the attempt rows, the marks)
     and fetch its rows: its parameters bound server-side and, on a direct connection, the
-    statement prepared on its first run in each connection. Planning those CTEs took ~70% of
-    PostgreSQL's time per echoed update, ~3x their execution. Behind a transaction pooler
-    (DATABASE_POOLER=transaction) nothing is prepared (see project/settings.py).
-    `async_commit`: see `_execute`."""
+    statement prepared on its first run in each connection, since planning those statements cost
+    PostgreSQL more than running them. Behind a transaction pooler (DATABASE_POOLER=transaction)
+    nothing is prepared (see project/settings.py). `async_commit`: see `_execute`."""
     return _execute(connections[DEFAULT_DB_ALIAS], sql, params, prepare=True, async_commit=async_commit)[0]
 
 
@@ -217,11 +209,11 @@ def execute(sql: str, params: list[Any], *, async_commit: bool = False) -> int:
     return _execute(db, sql, params, prepare=True, rows=False, async_commit=async_commit)[1]
 
 
-# psycopg's own timestamptz loader, in C when its binary build is installed: it reads a value
-# ~18x faster than the loader Django registers on every connection (a subclass in Python of
-# psycopg's Python loader, so that a time zone other than the connection's can be forced),
-# ~30 µs of a router's CPU per update. It gives the connection's time zone, which Django
-# sets to UTC when its own is UTC (`db.timezone`): the same values as Django's.
+# psycopg's own timestamptz loader, in C when its binary build is installed: far cheaper than
+# the loader Django registers on every connection (a subclass in Python of psycopg's Python
+# loader, so that a time zone other than the connection's can be forced), and the hot path
+# reads many timestamps. It gives the connection's time zone, which Django sets to UTC when
+# its own is UTC (`db.timezone`): the same values as Django's.
 _TIMESTAMPTZ_OID = postgres.types["timestamptz"].oid
 _TIMESTAMPTZ_C = psycopg.adapters.get_loader(_TIMESTAMPTZ_OID, pq.Format.TEXT)
 if _TIMESTAMPTZ_C is None or not _TIMESTAMPTZ_C.__module__.startswith("psycopg_"):
@@ -246,30 +238,15 @@ def _execute(
     lists_as_text: bool = True,
     before: Statement | None = None,
 ) -> tuple[list[tuple[Any, ...]], int]:
-    """Run one statement: (its rows, its row count). On PostgreSQL the parameters travel
-    beside the statement (psycopg's server-side binding) instead of being quoted into its text
-    in Python, which on the webhook cost as much CPU as the rest of the INSERT (a ~1 KB JSON
-    literal); `prepare` names the statement (psycopg keeps it per connection; a no-op when
-    the connection's prepare_threshold is None). Django's error translation and
-    broken-transaction check still apply.
+    """Run one statement: (its rows, its row count), its parameters bound server-side;
+    `prepare` names the statement (a no-op when the connection's prepare_threshold is None).
+    Django's error translation and broken-transaction check still apply.
 
-    `async_commit`: the statement, run on its own (autocommit, outside any atomic block),
-    commits without waiting for its WAL to reach the disk (PostgreSQL's asynchronous commit:
-    0.1 ms, where waiting costs 0.2 ms here idle and ~1 ms under the webhook's commits). For a write
-    that is redone when lost, before the next synchronous commit: PostgreSQL writes its WAL
-    in order, so a later commit that waits (the attempt row before any request, the webhook's
-    update before its 200) has this one on disk first, and a crash of PostgreSQL can lose
-    only writes that nothing outside has acted on. One round trip still: the setting and the
-    statement go in one pipeline, one implicit transaction. Inside an atomic block the
-    statement commits with the block, as the block's own settings say.
-
-    `lists_as_text`: lists of ints or bools go as array text (`_array_text`). A single row's
-    insert, whose parameters are field values and never lists, passes False: the webhook's
-    insert need not look at each of them.
-
-    `before`: a statement run first in the same transaction and the same round trip (a lock
-    the statement's reads must come after: it gets its own snapshot once the lock is held).
-    PostgreSQL only: SQLite writes one transaction at a time anyway."""
+    `async_commit`: run on its own, the statement commits without waiting for the disk; for a
+    write that is redone when lost, since a later synchronous commit (the attempt row before any
+    request) has it on disk first. `lists_as_text`: lists of ints or bools go as array text.
+    `before`: a statement run first in the same transaction and round trip (a lock the
+    statement's reads must come after). Why: docs/DESIGN.md."""
     if db.vendor != "postgresql":
         with db.cursor() as cursor:
             cursor.execute(sql, params)
@@ -283,7 +260,7 @@ def _execute(
     elif lists_as_text:
         params = [_array_text(v) for v in params]
     with db.wrap_database_errors, psycopg.Cursor(db.connection) as cursor:
-        if rows and db.timezone is UTC and _TIMESTAMPTZ_C is not None:  # ~2 µs: not for a statement without rows
+        if rows and db.timezone is UTC and _TIMESTAMPTZ_C is not None:  # not worth it without rows to read
             cursor.adapters.register_loader(_TIMESTAMPTZ_OID, _TIMESTAMPTZ_C)
         commit_async = async_commit and db.get_autocommit() and not db.in_atomic_block
         if commit_async or before is not None:
@@ -307,9 +284,9 @@ def _execute(
 
 def _array_text(value: Any) -> Any:
     """A list of ints or of bools (the hot paths' ids, flags) as PostgreSQL's text for an
-    array, which its statement casts (`%s::bigint[]`) or compares (`= ANY(%s)`): psycopg
-    dumps a list element by element in Python, 17 µs for a list of one on a slow host, where
-    this costs ~1. Anything else goes to psycopg as it is (a list of texts needs quoting)."""
+    array, which its statement casts (`%s::bigint[]`) or compares (`= ANY(%s)`): psycopg dumps a
+    list element by element in Python, far slower than this. Anything else goes to psycopg as it
+    is (a list of texts needs quoting)."""
     if type(value) is not list:
         return value
     if all(type(v) is int or v is None for v in value):

@@ -133,8 +133,8 @@ TEMPLATES = [
 WSGI_APPLICATION = "project.wsgi.application"
 
 # --- Database -------------------------------------------------------------------------
-# SQLite is the zero-install default for the demo. Measured here: without IMMEDIATE
-# transactions, 37-72 % of read-then-write Celery tasks died with "database is locked".
+# SQLite is the zero-install default for the demo. Without IMMEDIATE transactions, many
+# read-then-write Celery tasks died with "database is locked".
 DATABASES = {
     "default": env.db_url_config(
         _service_url(
@@ -154,8 +154,8 @@ else:
     if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
         # The same backend, with a health check that asks the socket before the server.
         DATABASES["default"]["ENGINE"] = "project.postgresql"
-    # Persistent connections: a connection per request caps the webhook near 150 req/s,
-    # against ~1,700 with connections kept open (measured on a 2-core machine).
+    # Persistent connections: a connection per request would cap the webhook's throughput
+    # (docs/PERFORMANCE.md).
     DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=600)
     DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
     DATABASES["default"].setdefault("OPTIONS", {}).setdefault(
@@ -252,7 +252,7 @@ else:
 CELERY_TASK_ACKS_LATE = True
 # Celery's Django fixup closes every database connection before and after each task unless
 # this is set: a new PostgreSQL connection per task, the largest single cost of an outbox
-# send (bench/drain_rate.py). With it, the fixup closes them every 1,000 tasks, and
+# send. With it, the fixup closes them every 1,000 tasks, and
 # project/celery.py applies Django's own CONN_MAX_AGE and health checks around each task.
 CELERY_DB_REUSE_MAX = env.int("CELERY_DB_REUSE_MAX", default=1000)
 CELERY_TASK_REJECT_ON_WORKER_LOST = True

@@ -1,24 +1,11 @@
 """The ops digest: new dead letters by reason, cases opened, circuits opened and closed, sent
-to the operators' Telegram chat as an ordinary outbox message, by e-mail, and to any channel
-a developer adds (the `ops_digest` signal or DOVECOTE_OPS_NOTIFIERS).
+to the operators' Telegram chat as an ordinary outbox message, by e-mail, and to any channel a
+developer adds (the `ops_digest` signal or DOVECOTE_OPS_NOTIFIERS).
 
-Counted from the rows themselves, not from counters bumped on the hot path: a dead letter,
-a case or a circuit change that rolled back is never counted, nothing is lost when Redis
-restarts, and the send path gains no work. The sweeper's `_ops_digest` step calls `flush`
-every sweep; each kind is sent at most once per DOVECOTE_OPS_DIGEST_MINUTES, counted from its
-previous digest, not by the clock's windows (claimed in Redis atomically, so two beat instances
-send one; the outbox key `ops-digest:<kind>:<window>`, the claim's second, makes a retried
-digest one message); whatever happens after a kind's digest waits for the next one.
-
-A bot can also name its own ops chat (`Bot.ops_chat_id`, in the admin): that chat gets a
-digest of that bot's trouble alone, sent by the same ops bot with the same throttle (its own
-window per bot and kind), so a client's operators hear about their bot and nothing else.
-
-The ops bot never reports on itself: its own dead letters, cases and circuit are left out,
-so a failing ops bot cannot feed an endless digest about its failures. Its messages are
-unordered outbox messages of its own bot: when it fails (token refused, circuit open) they
-wait or dead-letter like any other, and nothing of the bot it reports on waits for them.
-"""
+Counted from the rows, not from counters on the hot path. Each kind goes at most once per
+DOVECOTE_OPS_DIGEST_MINUTES, claimed in Redis so two beats send one. A bot's own ops chat
+(`Bot.ops_chat_id`) gets that bot's trouble alone. The ops bot never reports on itself. Why:
+docs/DESIGN.md."""
 
 from __future__ import annotations
 

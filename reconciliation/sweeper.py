@@ -1,45 +1,12 @@
 """The sweeper: recovers what crashed workers and a lost broker left behind.
 
-Run by celery-beat every DOVECOTE_SWEEP_INTERVAL_SECONDS (scheduled by the data migration
-reconciliation/0002, so `beat` needs no set-up). One sweep:
-
-1. returns inbox updates and consumer runs whose lease expired (worker died) to the queue - a
-   run's lost attempt counts, and a run that lost its last one goes to the dead letters;
-2. moves outbox messages stuck in `sending` past their lease to retry (no request started)
-   or to the ambiguous path (`unknown` + a reconciliation case);
-3. resends `unknown` messages whose policy is `resend`, after
-   DOVECOTE_AMBIGUOUS_RESEND_DELAY_SECONDS, recording that a duplicate is possible;
-4. cancels work past its max age with a reason (messages past `expires_at`, consumer runs
-   older than their consumer's `max_age`; such a run with a failure on record is dead-lettered
-   instead, reason `expired`);
-5. redispatches due rows whose broker message was lost - gradually for a destination whose
-   circuit just closed, one probe for one whose circuit is open - and resumes a running bulk
-   retry whose next tick was lost;
-6. runs a retention pass (reconciliation/retention.py): payload purges and pruning of every
-   app's old rows, in batches within DOVECOTE_RETENTION_BUDGET_SECONDS, once per
-   DOVECOTE_RETENTION_INTERVAL_SECONDS - or on the next tick again while a backlog is left;
-7. sends the ops digest, and removes from /metrics the counters of deleted bots and of
-   renamed bots under their old names (outbox/metrics.py prune_bots).
-
-Two sweepers at once (two beats, a manual run): one runs, the other returns {"skipped": 1}
-at once. The guard is a lease row (reconciliation.models.SweeperLease: holder, expires_at),
-taken with a conditional UPDATE like every claim in the project, renewed after each step
-and freed at the end; a sweeper killed mid-sweep blocks the next one only until its lease
-expires (DOVECOTE_SWEEP_LEASE_SECONDS). Not an advisory lock, because Dovecote runs behind
-PgBouncer in transaction pooling mode (Heroku's and most managed poolers): a session lock
-(pg_try_advisory_lock) is taken on one server connection and its unlock may run on another,
-so it leaks on an idle pooled connection and stops every later sweep that lands there; a
-transaction lock (pg_try_advisory_xact_lock) lasts one transaction, and holding one open
-for the whole sweep would put the steps into it - they commit on their own (conditional
-UPDATEs, retention's many short deletes, Celery publishes on commit) - and pin a server
-connection. A row works with any pooler and any number of beat instances, and the database's
-clock (NOW()) decides expiry, so beats on skewed clocks agree. Underneath, every step is
-still a conditional UPDATE naming the state it expects, and a redispatched task starts with
-a claim, so even an overlap after an expired lease recovers each row once.
-
-Every query below is one of the `*_qs` functions, each served by a partial index
-(tests/reconciliation/test_sweeper_plans.py EXPLAINs them).
-"""
+Run by celery-beat every DOVECOTE_SWEEP_INTERVAL_SECONDS. One sweep returns runs and updates
+whose lease expired, moves sends stuck past their lease to retry or `unknown` (with a case),
+resends `unknown` messages whose policy is `resend`, cancels work past its max age, redispatches
+due rows whose broker message was lost, runs a retention pass, and sends the ops digest. Two
+sweepers at once: one runs, the other returns {"skipped": 1}; the guard is a lease row, not an
+advisory lock (PgBouncer). Every query is one of the `*_qs` functions, each served by a partial
+index. The steps and the lease's reasons: docs/DESIGN.md."""
 
 from __future__ import annotations
 

@@ -1,30 +1,12 @@
 """The batched drain: one task sends a bot's due messages in batches.
 
-`outbound_message_send` pays Celery's dispatch, five round trips and two commits per message.
-The drain pays them per batch: one statement claims up to DOVECOTE_DRAIN_BATCH_SIZE due
-messages of a bot (FOR UPDATE SKIP LOCKED, so drains on other workers take other rows), one
-statement writes their attempt rows, the requests go out together on the process's event
-loop, and the successes are recorded in one statement as their answers come in. Every rule
-of the single send still holds, in the same order and through the same transitions: the
-claim and the attempt rows are two commits before any request (the sweeper's recovery
-depends on it), a chat's ordered messages go one at a time, expired messages are
-cancelled, the relevance check may veto, each message goes at a rate-limit slot of its
-own after the chat's limit and the bot's window allow it, and a failed send is decided by
-`rules.record_outcome` exactly as a single one is.
-
-Waking a drain is coalesced per bot (outbox/dispatch.py): `wake_drain()` publishes a drain task only when none is
-queued or running for that bot (a Redis key set with NX; the drain lets go of it when it
-finds nothing more to send, and then looks once more), so a burst of a thousand enqueued
-messages costs one task instead of a thousand. While the bot has room, a drain with a full
-batch fans out one more (its own key); a bot at its rate limit is paced by one drain. A
-drain that leaves work behind (its time budget ran out, or Telegram holds the bot)
-publishes its own continuation.
-
-Broadcasts are the bulk lane: `outbound_broadcasts_drain`, one per bot on the bulk queue,
-sends them the same way but takes the bot's rate only while no reply waits for it
-(ratelimit.take_now with `bulk`), all of a batch at once, and hands its worker back rather
-than wait for the bot's next free slot; a host runs at most DOVECOTE_BULK_DRAINS_PER_HOST.
-"""
+One statement claims up to DOVECOTE_DRAIN_BATCH_SIZE due messages (SKIP LOCKED), one writes
+their attempt rows, the requests go out together on the process's event loop, and the
+successes are recorded in one statement. Every rule of the single send holds, through the same
+transitions (outbox/sending/rules.py): two commits before any request, one ordered message per
+chat at a time, expiry, the relevance check, a rate-limit slot per message. Waking a drain is
+coalesced per bot (outbox/dispatch.py). Broadcasts have a drain of their own,
+`outbound_broadcasts_drain`, on the bulk queue. Why: docs/DESIGN.md."""
 
 from __future__ import annotations
 
@@ -534,17 +516,12 @@ def bulk_permits_key() -> str:
 
 
 def outbound_broadcasts_drain(bot_id: int, *, timer: bool = False) -> DrainReport:
-    """Send the bot's due broadcast messages, a batch at a time, at the bot's rate less what
-    its replies take: a batch books the bot's slots only while no reply has booked one ahead
-    (ratelimit.take_now with `bulk`), and goes out at once with its window entries. The
-    drain waits for a free slot where it is only briefly; a longer wait, the time budget,
-    a 429 or an open circuit end it with a continuation. As it stops with nothing due, it
-    sets a timer for its bot's next broadcast message to fall due (a busy chat's, a retry's).
-
-    It holds the bot's broadcast wake-up key as the replies' drain holds its own, and one
-    of its host's permits while it runs; without one it comes back shortly. `timer`: a
-    wake-up for later, which takes the key as it starts (and does nothing if it is held:
-    the drain holding it sees the messages)."""
+    """Send the bot's due broadcast messages a batch at a time, at the bot's rate less what
+    its replies take: a batch books slots only while no reply has booked one ahead
+    (ratelimit.take_now with `bulk`). A short wait for a slot is waited out; a longer one, the
+    time budget, a 429 or an open circuit end it with a continuation, and with nothing due it sets
+    a timer for its bot's next broadcast message. It holds the bot's broadcast wake-up key and one
+    of its host's permits. `timer`: a wake-up for later, which does nothing if the key is held."""
     report = DrainReport()
     key = bulk_drain_key(bot_id)
     if timer and not wakeups.take(key):

@@ -1,16 +1,10 @@
 """Late answers: the Bot API answers that a worker's inline send did not wait for.
 
-A worker sending what it has just written (a router's replies, a consumer run's) waits for
-Telegram's answers only briefly (batch.INLINE_ANSWER_WAIT_SECONDS). When Telegram is slow, the
-requests still out are handed here, with everything needed to record their outcomes, and one
-thread of the process waits for them and records each as the batch's own send would have
-(batch.InFlight.settle): the router goes on routing meanwhile.
-
-Nothing is lost if the process dies first: each message is `sending` with its attempt row,
-so the sweeper treats it as any send cut off mid-request once its lease runs out (unknown, a
-case). A worker shutting down waits for its late answers first (`drain`, on Celery's
-shutdown signals).
-"""
+A worker sending what it has just written waits for Telegram only briefly
+(batch.INLINE_ANSWER_WAIT_SECONDS); requests still out are handed here and one thread records
+each outcome as the batch would have (batch.InFlight.settle), while the router goes on. If the
+process dies first, each message is `sending` with its attempt row, so the sweeper treats it
+as any send cut off mid-request. A worker shutting down waits for its late answers (`drain`)."""
 
 from __future__ import annotations
 
