@@ -78,3 +78,12 @@ def test_every_test_the_docs_name_exists() -> None:
         or not re.search(rf"^\s*def {name}\(", (ROOT / path).read_text(), re.MULTILINE)
     ]
     assert missing == []
+
+
+def test_the_docs_links_lead_to_files_that_exist() -> None:
+    broken = []
+    for doc in [ROOT / "CHANGELOG.md", *(ROOT / "docs").glob("*.md")]:
+        for target in re.findall(r"\]\(([^)#\s]+?)(?:#[^)]*)?\)", doc.read_text()):
+            if not target.startswith(("http://", "https://", "mailto:")) and not (doc.parent / target).exists():
+                broken.append(f"{doc.name}: {target}")
+    assert broken == []
