@@ -9,8 +9,8 @@ Unordered messages (broadcasts, calls that are not messages) never wait and neve
 
 Every path that chooses what to send next - the drain's claim, the single send, the kick of
 a chat's next message, the sweeper's redispatch, ramp and circuit probe - uses this module,
-so the rule is written here once. It is plain SQL (PostgreSQL and SQLite both run it) with
-one parameter, the current time; `outbox_open_chat_idx` serves its EXISTS.
+so the rule is written here once. It is plain SQL with one parameter, the current time;
+`outbox_open_chat_idx` serves its EXISTS.
 
 "Earlier" is a smaller id, and a check sees only committed rows. So every write of an ordered
 message takes its chat's write lock first (`write_lock`, a transaction-level advisory lock):
@@ -91,7 +91,6 @@ def write_lock(messages: Iterable[OutboundMessage]) -> tuple[str, list[Any]] | N
 
 def lock_chat(*, bot_id: int, chat_id: int) -> None:
     """Take a chat's write lock in the current transaction (an atomic block that writes its
-    ordered messages through the ORM). SQLite writes one transaction at a time anyway."""
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute(_WRITE_LOCK_SQL, [[chat_lock_key(bot_id, chat_id)]])
+    ordered messages through the ORM)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_WRITE_LOCK_SQL, [[chat_lock_key(bot_id, chat_id)]])
