@@ -25,8 +25,10 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 VAR = ROOT / "var"
@@ -100,14 +102,14 @@ class Server:
         self.port = free_port()
         self.process: subprocess.Popen | None = None
 
-    def spawn(self, args: list[str], log: Path, **options) -> None:
+    def spawn(self, args: list[str], log: Path, **options: Any) -> None:
         with log.open("ab") as out:
             self.process = subprocess.Popen(
                 args, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, **options
             )
         say(f"{self.name} started (pid {self.process.pid}, 127.0.0.1:{self.port}, log {log.relative_to(ROOT)})")
 
-    def wait_ready(self, ready, log: Path, timeout: float = 30.0) -> None:
+    def wait_ready(self, ready: Callable[[], bool], log: Path, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
@@ -144,7 +146,7 @@ class Postgres(Server):
 
     def start(self) -> None:
         self.data.mkdir(parents=True, exist_ok=True)
-        as_user: dict = {}
+        as_user: dict[str, Any] = {}
         if os.geteuid() == 0:
             account = pwd.getpwnam(UNPRIVILEGED_USER)
             let_through(self.data)
