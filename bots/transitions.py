@@ -14,9 +14,8 @@ from datetime import datetime, timedelta
 from functools import cache
 from typing import Any
 
-from django.db import connection, transaction
-from django.db.models import BigIntegerField, F, Q, Value
-from django.db.models.functions import Coalesce, Greatest
+from django.db.models import F, Q
+from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from bots.models import Bot, ChatState, ConsumerRun, InboundUpdate, RunState, UpdateState
@@ -32,22 +31,12 @@ def updates_to_route(
     (through inbox_new_idx: a batch, not the whole backlog), their bot read in the same
     statement. Read, not locked: `route` decides which of them this router routes.
 
-    `circuits` (PostgreSQL): scopes whose circuit the router needs; each update then carries
-    `unsettled_circuits`, those of them not plainly closed, read by the same statement."""
+    `circuits`: scopes whose circuit the router needs; each update then carries
+    `unsettled_circuits`, those of them not plainly closed, read by the same statement.
+    One fixed, prepared statement (the router's read on every nudge): the rows and instances
+    of the queryset, without its compile each time."""
     if (bot_id is None) == (update_pk is None):
         raise ValueError("take the updates of one bot, or one update")
-    if connection.vendor == "postgresql":
-        return _updates_to_route_pg(bot_id, update_pk, limit, circuits)
-    found = InboundUpdate.objects.select_related("bot").filter(state=UpdateState.NEW)
-    found = found.filter(bot_id=bot_id) if bot_id is not None else found.filter(pk=update_pk)
-    return list(found.order_by("id")[:limit])
-
-
-def _updates_to_route_pg(
-    bot_id: int | None, update_pk: int | None, limit: int, circuits: list[str] | None
-) -> list[InboundUpdate]:
-    """updates_to_route as one fixed, prepared statement (the router's read on every
-    nudge): the same rows and instances as the queryset, without its compile each time."""
     params: list[Any] = [circuits] if circuits else []
     params += [bot_id if bot_id is not None else update_pk, limit]
     update_fields = len(InboundUpdate._meta.concrete_fields)
@@ -87,9 +76,9 @@ def _updates_to_route_sql(by_bot: bool, with_circuits: bool) -> str:
 
 
 def route(updates: list[InboundUpdate], runs: list[ConsumerRun]) -> set[int]:
-    """new -> done for these updates, with their consumer runs written, together: on
-    PostgreSQL one statement (an UPDATE of the updates still new, and the insert of the runs
-    of exactly those; one round trip, no transaction around it), elsewhere one transaction.
+    """new -> done for these updates, with their consumer runs written, together, in one
+    statement (an UPDATE of the updates still new, and the insert of the runs of exactly
+    those; one round trip, no transaction around it).
     An update another router moved first, or is moving (SKIP LOCKED), is left to it, its runs
     not written here. Returns the ids of the updates routed here; each run written gets its pk.
     Committed asynchronously (project/rows.py): a routing that PostgreSQL loses in a crash
@@ -98,35 +87,23 @@ def route(updates: list[InboundUpdate], runs: list[ConsumerRun]) -> set[int]:
         return set()
     now = timezone.now()
     ids = [u.pk for u in updates]
-    if connection.vendor == "postgresql":
-        table = InboundUpdate._meta.db_table
-        # SKIP LOCKED: an update another router is marking is its own, and this one never
-        # waits for it. A plain UPDATE of `id = ANY(…)` locked the rows in whatever order its
-        # scan met them, and two routers whose batches overlapped deadlocked (PostgreSQL broke
-        # it after its deadlock_timeout of 1 s, and the batch it rolled back waited for a
-        # router after it).
-        return rows.insert_many_with(
-            runs,
-            unique=("update_id", "consumer"),
-            mark=f"WITH picked AS MATERIALIZED (SELECT id FROM {table} WHERE id = ANY(%s::bigint[])"  # noqa: S608
-            " AND state = %s FOR UPDATE SKIP LOCKED)"
-            f" UPDATE {table} u SET state = %s, processed_at = %s, attempts = u.attempts + 1"
-            " FROM picked WHERE u.id = picked.id RETURNING u.id",
-            mark_params=[ids, UpdateState.NEW, UpdateState.DONE, now],
-            of="update_id",
-            async_commit=True,
-        )
-    with transaction.atomic():
-        routed = set(
-            InboundUpdate.objects.select_for_update()
-            .filter(pk__in=ids, state=UpdateState.NEW)
-            .values_list("pk", flat=True)
-        )
-        InboundUpdate.objects.filter(pk__in=routed).update(
-            state=UpdateState.DONE, processed_at=now, attempts=F("attempts") + 1
-        )
-        rows.insert_many_once([run for run in runs if run.update_id in routed], unique=("update_id", "consumer"))
-    return routed
+    table = InboundUpdate._meta.db_table
+    # SKIP LOCKED: an update another router is marking is its own, and this one never
+    # waits for it. A plain UPDATE of `id = ANY(…)` locked the rows in whatever order its
+    # scan met them, and two routers whose batches overlapped deadlocked (PostgreSQL broke
+    # it after its deadlock_timeout of 1 s, and the batch it rolled back waited for a
+    # router after it).
+    return rows.insert_many_with(
+        runs,
+        unique=("update_id", "consumer"),
+        mark=f"WITH picked AS MATERIALIZED (SELECT id FROM {table} WHERE id = ANY(%s::bigint[])"  # noqa: S608
+        " AND state = %s FOR UPDATE SKIP LOCKED)"
+        f" UPDATE {table} u SET state = %s, processed_at = %s, attempts = u.attempts + 1"
+        " FROM picked WHERE u.id = picked.id RETURNING u.id",
+        mark_params=[ids, UpdateState.NEW, UpdateState.DONE, now],
+        of="update_id",
+        async_commit=True,
+    )
 
 
 def make_update_due(update_id: int, *, now: datetime) -> bool:
@@ -158,20 +135,6 @@ def claim_runs(run_ids: list[int], *, worker: str, lease: timedelta) -> dict[int
     if not run_ids:
         return {}
     now = timezone.now()
-    if connection.vendor != "postgresql":  # the demo's SQLite: one by one
-        for run_id in run_ids:
-            ConsumerRun.objects.filter(pk=run_id, state__in=RUN_WAITING, next_attempt_at__lte=now).update(
-                state=RunState.RUNNING,
-                lease_owner=worker,
-                lease_expires_at=now + lease,
-                attempts=F("attempts") + 1,
-                updated_at=now,
-            )
-        return dict(
-            ConsumerRun.objects.filter(
-                pk__in=run_ids, state=RunState.RUNNING, lease_owner=worker, updated_at=now
-            ).values_list("pk", "attempts")
-        )
     table = ConsumerRun._meta.db_table
     claimed = rows.fetch(
         f"""UPDATE {table} SET state = %s, lease_owner = %s, lease_expires_at = %s,
@@ -209,11 +172,6 @@ def mark_runs_done(outcomes: dict[int, str], *, worker: str) -> int:
     if not outcomes:
         return 0
     now = timezone.now()
-    if connection.vendor != "postgresql":  # the demo's SQLite: one by one
-        return sum(
-            _owned(pk, worker).update(**_ended(RunState.DONE, now), last_error="", outcome=outcome[:64])
-            for pk, outcome in outcomes.items()
-        )
     table = ConsumerRun._meta.db_table
     return rows.execute(
         f"""UPDATE {table} AS r SET state = %s, finished_at = %s, updated_at = %s, lease_owner = '',
@@ -384,38 +342,27 @@ def note_chat_answered(*, bot_id: int, chat_id: int, message_id: int) -> None:
 
 
 def note_chats_answered(*, bot_id: int, answered: list[tuple[int, int]]) -> None:
-    """note_chat_answered for several (chat, message) answers of one bot: on PostgreSQL one
-    statement, each chat's row made or moved forward to the newest message answered;
-    committed asynchronously (project/rows.py): it is written before its runs' done mark, so
-    a crash of PostgreSQL that loses it loses that mark too, and the runs write it again."""
+    """note_chat_answered for several (chat, message) answers of one bot: one statement,
+    each chat's row made or moved forward to the newest message answered; committed
+    asynchronously (project/rows.py): it is written before its runs' done mark, so a crash
+    of PostgreSQL that loses it loses that mark too, and the runs write it again."""
     newest: dict[int, int] = {}
     for chat_id, message_id in answered:
         newest[chat_id] = max(message_id, newest.get(chat_id, message_id))
     if not newest:
         return
     now = timezone.now()
-    if connection.vendor == "postgresql":
-        # ORDER BY: every router locks the chats' rows in chat-id order; two routers whose
-        # batches shared chats, each taking them in its own order, deadlocked.
-        table = ChatState._meta.db_table
-        rows.execute(
-            f"""INSERT INTO {table} (bot_id, chat_id, last_answered_message_id, last_answered_at, updated_at)
-                SELECT %s, chat_id, message_id, %s, %s FROM unnest(%s::bigint[], %s::bigint[]) AS a(chat_id, message_id)
-                ORDER BY chat_id
-                ON CONFLICT (bot_id, chat_id) DO UPDATE SET
-                  last_answered_message_id = GREATEST({table}.last_answered_message_id,
-                                                      EXCLUDED.last_answered_message_id),
-                  last_answered_at = EXCLUDED.last_answered_at, updated_at = EXCLUDED.updated_at""",  # noqa: S608
-            [bot_id, now, now, list(newest), list(newest.values())],
-            async_commit=True,
-        )
-        return
-    for chat_id, message_id in newest.items():
-        ChatState.objects.bulk_create([ChatState(bot_id=bot_id, chat_id=chat_id)], ignore_conflicts=True)
-        # COALESCE first: SQLite's MAX() of a NULL is NULL (PostgreSQL's GREATEST skips it).
-        answered_id = Value(message_id, output_field=BigIntegerField())
-        ChatState.objects.filter(bot_id=bot_id, chat_id=chat_id).update(
-            last_answered_message_id=Greatest(Coalesce(F("last_answered_message_id"), answered_id), answered_id),
-            last_answered_at=now,
-            updated_at=now,
-        )
+    # ORDER BY: every router locks the chats' rows in chat-id order; two routers whose
+    # batches shared chats, each taking them in its own order, deadlocked.
+    table = ChatState._meta.db_table
+    rows.execute(
+        f"""INSERT INTO {table} (bot_id, chat_id, last_answered_message_id, last_answered_at, updated_at)
+            SELECT %s, chat_id, message_id, %s, %s FROM unnest(%s::bigint[], %s::bigint[]) AS a(chat_id, message_id)
+            ORDER BY chat_id
+            ON CONFLICT (bot_id, chat_id) DO UPDATE SET
+              last_answered_message_id = GREATEST({table}.last_answered_message_id,
+                                                  EXCLUDED.last_answered_message_id),
+              last_answered_at = EXCLUDED.last_answered_at, updated_at = EXCLUDED.updated_at""",  # noqa: S608
+        [bot_id, now, now, list(newest), list(newest.values())],
+        async_commit=True,
+    )

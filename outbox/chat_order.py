@@ -81,7 +81,6 @@ def write_lock(messages: Iterable[OutboundMessage]) -> tuple[str, list[Any]] | N
 
 def lock_chat(*, bot_id: int, chat_id: int) -> None:
     """Take a chat's write lock in the current transaction (an atomic block that writes its
-    ordered messages through the ORM). SQLite writes one transaction at a time anyway."""
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute(_WRITE_LOCK_SQL, [[chat_lock_key(bot_id, chat_id)]])
+    ordered messages through the ORM)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_WRITE_LOCK_SQL, [[chat_lock_key(bot_id, chat_id)]])

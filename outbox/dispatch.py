@@ -15,7 +15,6 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import connection
 
 from outbox import policy, selectors, transitions, wakeups
 from outbox.models import OutboundMessage, State
@@ -178,9 +177,9 @@ def hand_on(pks: list[int], *, drained: bool = False) -> int:
 
 
 def drain_enabled() -> bool:
-    """The drain needs PostgreSQL (SKIP LOCKED) and Redis (the wake-up key); the demo's
-    SQLite and file broker send one message per task."""
-    return settings.DOVECOTE_DRAIN_BATCH_SIZE > 1 and bool(settings.REDIS_URL) and connection.vendor == "postgresql"
+    """Whether a bot's messages go out through its drain, a batch at a time; with a batch
+    size of 1, one message per task."""
+    return settings.DOVECOTE_DRAIN_BATCH_SIZE > 1
 
 
 def drain_key(bot_id: int) -> str:

@@ -92,20 +92,6 @@ def count_send(bot: str, method: str, outcome: str) -> None:
     SENDS.labels(bot=bot, method=method, outcome=outcome).inc()
 
 
-def observe_replies(message_ids: Iterable[int]) -> None:
-    """Update received -> reply sent, for the just-sent messages that answer an update (one
-    query for the batch; PostgreSQL's mark_sent reads it in its own statement instead)."""
-    from outbox.models import OutboundMessage
-
-    ids = list(message_ids)
-    if not ids:
-        return
-    rows = OutboundMessage.objects.filter(pk__in=ids, source_update__isnull=False, sent_at__isnull=False).values_list(
-        "sent_at", "source_update__received_at"
-    )
-    observe_reply_seconds((sent_at - received_at).total_seconds() for sent_at, received_at in rows)
-
-
 def observe_reply_seconds(seconds: Iterable[float]) -> None:
     for value in seconds:
         REPLY_SECONDS.observe(max(0.0, value))

@@ -126,14 +126,14 @@ def delete_step(rows: Callable[[], QuerySet[Any]], order: str, *, size: int | No
 def delete_rows(model: type[Model], ids: list[int]) -> int:
     """Delete these rows and what Django would cascade to, in the caller's transaction.
 
-    On PostgreSQL: one statement per related table with the ids as one array parameter
+    One statement per related table with the ids as one array parameter
     (`= ANY(%s)`), following the models' on_delete (CASCADE recursively, SET_NULL). Django's
     collector does the same work but builds its queries from model instances, and spent far
     longer in Python than PostgreSQL spent deleting (docs/PERFORMANCE.md). Anything else -
-    another database, a delete signal receiver, an on_delete other than CASCADE, SET_NULL or
+    a delete signal receiver, an on_delete other than CASCADE, SET_NULL or
     DO_NOTHING - goes through Django's collector.
     """
-    if connection.vendor == "postgresql" and _fast_deletable(model, set()):
+    if _fast_deletable(model, set()):
         with connection.cursor() as cursor:
             return _delete_pg(cursor, model, ids)
     return model.objects.filter(pk__in=ids).only("pk").delete()[1].get(model._meta.label, 0)

@@ -7,12 +7,11 @@ from datetime import datetime
 from functools import cache
 
 from django.db import connection
-from django.db.models import Exists, JSONField, Model, OuterRef, Value
-from django.db.models.functions import Concat
+from django.db.models import JSONField, Model
 from django.utils import timezone
 
 from outbox import chat_order, circuits
-from outbox.models import Circuit, CircuitState, OutboundMessage, State
+from outbox.models import Circuit, OutboundMessage, State
 from outbox.splitting import MAX_PARTS, part_key
 from project import rows
 
@@ -76,29 +75,25 @@ def outbound_message_for_send(message_id: int, *, now: datetime) -> OutboundMess
     path (see bench/drain_rate.py). Annotated with `circuit_not_closed` (the bot's circuit
     is open or half-open), `circuit_dirty` (a circuit with failures to forget: a success
     must reset it) and `blocked` (an earlier ordered message to the chat is still open)."""
-    if connection.vendor == "postgresql":
-        return _outbound_message_for_send_pg(message_id, now)
-    scope = Concat(Value(circuits.BOT_PREFIX), OuterRef("bot_id"))
-    return (
-        OutboundMessage.objects.select_related("bot")
-        .annotate(
-            circuit_not_closed=Exists(Circuit.objects.filter(scope=scope).exclude(state=CircuitState.CLOSED)),
-            circuit_dirty=Exists(
-                Circuit.objects.filter(scope=scope).exclude(state=CircuitState.CLOSED, consecutive_failures=0)
-            ),
-            blocked=chat_order.blocked_expression(now),
-        )
-        .filter(pk=message_id)
-        .first()
-    )
+    Bot = bot_model()
+    with connection.cursor() as cursor:
+        cursor.execute(_for_send_sql(), [now, message_id])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    n_message = len(_columns(OutboundMessage)[0])
+    n_bot = len(_columns(Bot)[0])
+    message = _from_row(OutboundMessage, list(row[:n_message]))
+    bot = _from_row(Bot, list(row[n_message : n_message + n_bot]))
+    message._state.fields_cache["bot"] = bot  # as select_related("bot") would
+    message.circuit_not_closed, message.circuit_dirty, message.blocked = row[n_message + n_bot :]
+    return message
 
 
 def bot_and_circuit(bot_id: int) -> tuple[Model | None, Circuit | None]:
     """The bot and its Bot API circuit (None where there is none), as the drain starts: one
-    fixed statement on PostgreSQL, prepared once per connection, not two querysets compiled
-    on every drain."""
-    if connection.vendor != "postgresql":
-        return bot_model().objects.filter(pk=bot_id).first(), bot_circuit(bot_id)
+    fixed statement, prepared once per connection, not two querysets compiled on every
+    drain."""
     Bot = bot_model()
     found = rows.fetch(_bot_and_circuit_sql(), [circuits.bot_scope(bot_id), bot_id])
     if not found:
@@ -111,8 +106,6 @@ def bot_and_circuit(bot_id: int) -> tuple[Model | None, Circuit | None]:
 
 def bot_circuit(bot_id: int) -> Circuit | None:
     """The bot's Bot API circuit, or None: the drain's look before each batch."""
-    if connection.vendor != "postgresql":
-        return Circuit.objects.filter(scope=circuits.bot_scope(bot_id)).first()
     found = rows.fetch(_circuit_sql(), [circuits.bot_scope(bot_id)])
     return rows.from_row(Circuit, found[0]) if found else None  # type: ignore[return-value]
 
@@ -143,8 +136,8 @@ def _columns(model: type[Model]) -> tuple[list[str], list[int]]:
 
 
 def _from_row(model: type[Model], values: list) -> Model:
-    # JSON columns arrive as text on PostgreSQL (Django decodes them, as here); the other
-    # columns need no conversion there.
+    # JSON columns arrive as text (Django decodes them, as here); the other columns need no
+    # conversion.
     _, json_positions = _columns(model)
     for i in json_positions:
         if isinstance(values[i], str):
@@ -160,8 +153,7 @@ def _for_send_sql() -> str:
     m, b, c = OutboundMessage._meta.db_table, Bot._meta.db_table, Circuit._meta.db_table
     select = ", ".join([f"m.{col}" for col in message_columns] + [f"b.{col}" for col in bot_columns])
     bot_scope = f"'{circuits.BOT_PREFIX}' || m.bot_id::text"
-    # Same conditions as the ORM path; the open-states test lets PostgreSQL use
-    # outbox_open_chat_idx for the chat's order.
+    # The open-states test lets PostgreSQL use outbox_open_chat_idx for the chat's order.
     return f"""
         SELECT {select},
           {circuits.not_closed_sql(bot_scope)},
@@ -181,22 +173,6 @@ def message_columns() -> list[str]:
 def message_from_row(values: list) -> OutboundMessage:
     """An OutboundMessage from a raw row of `message_columns()` (e.g. an UPDATE's RETURNING)."""
     return _from_row(OutboundMessage, values)  # type: ignore[return-value]
-
-
-def _outbound_message_for_send_pg(message_id: int, now: datetime) -> OutboundMessage | None:
-    Bot = bot_model()
-    with connection.cursor() as cursor:
-        cursor.execute(_for_send_sql(), [now, message_id])
-        row = cursor.fetchone()
-    if row is None:
-        return None
-    n_message = len(_columns(OutboundMessage)[0])
-    n_bot = len(_columns(Bot)[0])
-    message = _from_row(OutboundMessage, list(row[:n_message]))
-    bot = _from_row(Bot, list(row[n_message : n_message + n_bot]))
-    message._state.fields_cache["bot"] = bot  # as select_related("bot") would
-    message.circuit_not_closed, message.circuit_dirty, message.blocked = row[n_message + n_bot :]
-    return message
 
 
 def api_client_bot_ids(user: Model) -> set[int] | None:

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -227,7 +227,7 @@ def outbound_message_enqueue(
         max_attempts=max_attempts,
     )
     messages: list[OutboundMessage] = []
-    if len(call.payloads) == 1 and connection.vendor == "postgresql":
+    if len(call.payloads) == 1:
         # The common case (one message) is one statement, like the webhook's insert: no
         # SELECT first, no savepoint.
         message = call.message
@@ -263,14 +263,14 @@ class Enqueued:
 
 def outbound_messages_enqueue(calls: list[dict[str, Any]]) -> list[Enqueued]:
     """`outbound_message_enqueue` for several messages (its keyword arguments, one dict per
-    message), in order: on PostgreSQL one INSERT for the lot and, when keys were taken, one
+    message), in order: one INSERT for the lot and, when keys were taken, one
     read of their stored messages; ids follow the list, so a chat's messages go in its
     order. A call the outbox refuses raises MessageRejected before anything is written. A
     key that named another call comes back as that call's message (`conflict`), not as an
     exception: the other calls are written all the same. A text that must be split goes
     through the single path, and so do all the calls (send order is the list's)."""
     prepared = [_prepared(**call) for call in calls]
-    if connection.vendor != "postgresql" or any(len(call.payloads) > 1 for call in prepared):
+    if any(len(call.payloads) > 1 for call in prepared):
         done: list[Enqueued] = []
         for call in calls:
             try:
@@ -568,31 +568,22 @@ def broadcast_enqueue(
 
 def _insert_broadcast(shared: dict[str, Any], keys: dict[str, int], fingerprints: dict[int, str]) -> dict[str, int]:
     """Write a broadcast's messages (`shared`'s fields, one chat each), those whose key is
-    free: one statement on PostgreSQL; SQLite (the demo's) takes a row at a time. Returns
-    {key: id} of those written."""
-    if connection.vendor == "postgresql":
-        written = rows.insert_fanned_out(
-            rows.new(OutboundMessage, **shared),
-            unique=("bot_id", "idempotency_key"),
-            varying={
-                "chat_id": list(keys.values()),
-                "idempotency_key": list(keys),
-                "request_fingerprint": [fingerprints[chat] for chat in keys.values()],
-            },
-        )
-        return {key: pk for pk, _, key in written}
-    messages = [
-        rows.new(OutboundMessage, chat_id=chat, idempotency_key=key, request_fingerprint=fingerprints[chat], **shared)
-        for key, chat in keys.items()
-    ]
-    for message in messages:
-        rows.insert_once(message, unique=("bot_id", "idempotency_key"))
-    return {m.idempotency_key: m.pk for m in messages if m.pk is not None}
+    free: one statement. Returns {key: id} of those written."""
+    written = rows.insert_fanned_out(
+        rows.new(OutboundMessage, **shared),
+        unique=("bot_id", "idempotency_key"),
+        varying={
+            "chat_id": list(keys.values()),
+            "idempotency_key": list(keys),
+            "request_fingerprint": [fingerprints[chat] for chat in keys.values()],
+        },
+    )
+    return {key: pk for pk, _, key in written}
 
 
 def _dispatch_broadcast(bot_id: int, message_ids: list[int], *, countdown: float) -> None:
     """A broadcast just committed: one wake-up of its bot's broadcast drain (one task per
-    message without the drain's machinery: the demo)."""
+    message with a drain batch size of 1)."""
     if outbox_dispatch.drain_enabled():
         outbox_dispatch.wake_bulk_drain(bot_id, countdown=countdown)
         return

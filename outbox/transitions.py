@@ -30,16 +30,12 @@ from project import rows as rows_module
 WAITING = list(WAITING_STATES)
 
 # The send path's transitions (claim, begin_attempts, mark_sent) are one hand-written
-# statement each on PostgreSQL: the same conditional UPDATEs, without the ORM's query
-# building, which cost more CPU than the database did (docs/PERFORMANCE.md). SQLite (the
-# demo) takes the ORM path. Table names come from _meta; values are always parameters.
+# statement each: conditional UPDATEs without the ORM's query building, which cost more CPU
+# than the database did (docs/PERFORMANCE.md). Table names come from _meta; values are
+# always parameters.
 _MESSAGES = OutboundMessage._meta.db_table
 _ATTEMPTS = Attempt._meta.db_table
 _UPDATES = OutboundMessage._meta.get_field("source_update").related_model._meta.db_table
-
-
-def _postgresql() -> bool:
-    return connection.vendor == "postgresql"
 
 
 def _execute(sql: str, params: list[Any]) -> tuple[int, Any]:
@@ -52,25 +48,19 @@ def claim(message_id: int, *, worker: str, lease: timedelta, unchanged_since: da
     """pending|retry -> sending. False when another worker got there first or it is not due;
     with `unchanged_since`, also False when the row was updated after that time."""
     now = timezone.now()
-    if _postgresql():
-        sql = (
-            f"UPDATE {_MESSAGES} SET state = 'sending', lease_owner = %s, lease_expires_at = %s, updated_at = %s"  # noqa: S608
-            " WHERE id = %s AND state IN ('pending', 'retry') AND next_attempt_at <= %s"
-        )
-        params: list[Any] = [worker, now + lease, now, message_id, now]
-        if unchanged_since is not None:
-            sql += " AND updated_at = %s"
-            params.append(unchanged_since)
-        return _execute(sql, params)[0] == 1
-    rows = OutboundMessage.objects.filter(pk=message_id, state__in=WAITING, next_attempt_at__lte=now)
+    sql = (
+        f"UPDATE {_MESSAGES} SET state = 'sending', lease_owner = %s, lease_expires_at = %s, updated_at = %s"  # noqa: S608
+        " WHERE id = %s AND state IN ('pending', 'retry') AND next_attempt_at <= %s"
+    )
+    params: list[Any] = [worker, now + lease, now, message_id, now]
     if unchanged_since is not None:
-        rows = rows.filter(updated_at=unchanged_since)
-    n = rows.update(state=State.SENDING, lease_owner=worker, lease_expires_at=now + lease, updated_at=now)
-    return n == 1
+        sql += " AND updated_at = %s"
+        params.append(unchanged_since)
+    return _execute(sql, params)[0] == 1
 
 
 # The batched drain (outbox/sending/batch.py): the same transitions, for many messages of one bot
-# per statement. PostgreSQL only (FOR UPDATE SKIP LOCKED); the demo's SQLite sends one by one.
+# per statement (FOR UPDATE SKIP LOCKED).
 
 
 def claim_batch(
@@ -206,13 +196,11 @@ def _written_claimed_returning() -> str:
 
 def begin_attempts(messages: list[OutboundMessage], *, worker: str) -> dict[int, Attempt]:
     """Record the attempts before the requests go out: each claimed message's attempt count
-    and attempt row, in one statement (one commit) on PostgreSQL. Messages whose lease was
+    and attempt row, in one statement (one commit). Messages whose lease was
     lost get none. The single send passes a list of one."""
     if not messages:
         return {}
     now = timezone.now()
-    if not _postgresql():
-        return {m.pk: a for m in messages if (a := _begin_attempt_portable(m, worker=worker, now=now)) is not None}
     rows = rows_module.fetch(
         f"""WITH m AS (
               UPDATE {_MESSAGES} SET attempts = attempts + 1, updated_at = %s
@@ -235,23 +223,12 @@ def begin_attempts(messages: list[OutboundMessage], *, worker: str) -> dict[int,
     return attempts
 
 
-def _begin_attempt_portable(message: OutboundMessage, *, worker: str, now: datetime) -> Attempt | None:
-    with transaction.atomic():
-        n = OutboundMessage.objects.filter(pk=message.pk, state=State.SENDING, lease_owner=worker).update(
-            attempts=F("attempts") + 1, updated_at=now
-        )
-        if n != 1:
-            return None
-        message.attempts += 1
-        return Attempt.objects.create(message=message, number=message.attempts, worker=worker, started_at=now)
-
-
 def mark_sent(
     sent: list[tuple[OutboundMessage, Attempt, CallOutcome]], *, worker: str, next_in_chat: bool = False
 ) -> dict[int, int | None]:
     """sending -> sent, with Telegram's message ids, for the messages this worker still holds
-    (one whose lease was lost meanwhile is left to whoever holds it now), in one statement on
-    PostgreSQL. Returns {id of each message that became sent: None, or with `next_in_chat`
+    (one whose lease was lost meanwhile is left to whoever holds it now), in one statement.
+    Returns {id of each message that became sent: None, or with `next_in_chat`
     its chat's next due message (looked up after the mark commits: selectors.
     next_open_messages_in_chats), for the
     caller to dispatch}.
@@ -259,65 +236,44 @@ def mark_sent(
     if not sent:
         return {}
     now = timezone.now()
-    if not _postgresql():
-        done = _mark_sent_portable(sent, worker=worker, now=now, next_in_chat=next_in_chat)
-    else:
-        message_ids, attempt_ids, telegram_ids, results = [], [], [], []
-        for message, attempt, outcome in sent:
-            message_ids.append(message.pk)
-            attempt_ids.append(attempt.pk)
-            telegram_ids.append(outcome.telegram_message_id)
-            results.append(None if outcome.telegram_message_id else json.dumps(outcome.result))
-        rows = rows_module.fetch(
-            f"""WITH v AS (
-                  SELECT * FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], %s::text[])
-                    AS v(message_id, attempt_id, telegram_message_id, result)
-                ), a AS (
-                  UPDATE {_ATTEMPTS} SET finished_at = %s, outcome = 'ok', http_status = 200, error_code = NULL,
-                    description = '', retry_after = NULL
-                  FROM v WHERE {_ATTEMPTS}.id = v.attempt_id AND {_ATTEMPTS}.id = ANY(%s::bigint[])
-                ), m AS (
-                  UPDATE {_MESSAGES} SET state = 'sent', sent_at = %s, updated_at = %s,
-                    telegram_message_id = v.telegram_message_id, result = v.result::jsonb, lease_owner = '',
-                    lease_expires_at = NULL, last_error = '', last_error_class = ''
-                  FROM v WHERE {_MESSAGES}.id = v.message_id AND {_MESSAGES}.id = ANY(%s::bigint[])
-                    AND {_MESSAGES}.state = 'sending' AND {_MESSAGES}.lease_owner = %s
-                  RETURNING {_MESSAGES}.id, {_MESSAGES}.bot_id, {_MESSAGES}.chat_id,
-                    {_MESSAGES}.source_update_id
-                )
-                SELECT m.id, m.bot_id, m.chat_id,
-                  (SELECT u.received_at FROM {_UPDATES} u WHERE u.id = m.source_update_id)
-                FROM m""",  # noqa: S608 - see _MESSAGES
-            # The ids again as `= ANY`: the planner then reads the rows by primary key
-            # (joined to the unnest alone it scanned the lease index's dead entries).
-            [message_ids, attempt_ids, telegram_ids, results, now, attempt_ids, now, now, message_ids, worker],
-        )
-        done: dict[int, int | None] = dict.fromkeys((message_id for message_id, *_ in rows), None)
-        if next_in_chat and rows:
-            done.update(selectors.next_open_messages_in_chats([(m, b, c) for m, b, c, _ in rows]))
-        # Update received -> reply sent, read in the same statement.
-        metrics.observe_reply_seconds((now - received).total_seconds() for *_, received in rows if received)
+    message_ids, attempt_ids, telegram_ids, results = [], [], [], []
+    for message, attempt, outcome in sent:
+        message_ids.append(message.pk)
+        attempt_ids.append(attempt.pk)
+        telegram_ids.append(outcome.telegram_message_id)
+        results.append(None if outcome.telegram_message_id else json.dumps(outcome.result))
+    rows = rows_module.fetch(
+        f"""WITH v AS (
+              SELECT * FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], %s::text[])
+                AS v(message_id, attempt_id, telegram_message_id, result)
+            ), a AS (
+              UPDATE {_ATTEMPTS} SET finished_at = %s, outcome = 'ok', http_status = 200, error_code = NULL,
+                description = '', retry_after = NULL
+              FROM v WHERE {_ATTEMPTS}.id = v.attempt_id AND {_ATTEMPTS}.id = ANY(%s::bigint[])
+            ), m AS (
+              UPDATE {_MESSAGES} SET state = 'sent', sent_at = %s, updated_at = %s,
+                telegram_message_id = v.telegram_message_id, result = v.result::jsonb, lease_owner = '',
+                lease_expires_at = NULL, last_error = '', last_error_class = ''
+              FROM v WHERE {_MESSAGES}.id = v.message_id AND {_MESSAGES}.id = ANY(%s::bigint[])
+                AND {_MESSAGES}.state = 'sending' AND {_MESSAGES}.lease_owner = %s
+              RETURNING {_MESSAGES}.id, {_MESSAGES}.bot_id, {_MESSAGES}.chat_id,
+                {_MESSAGES}.source_update_id
+            )
+            SELECT m.id, m.bot_id, m.chat_id,
+              (SELECT u.received_at FROM {_UPDATES} u WHERE u.id = m.source_update_id)
+            FROM m""",  # noqa: S608 - see _MESSAGES
+        # The ids again as `= ANY`: the planner then reads the rows by primary key
+        # (joined to the unnest alone it scanned the lease index's dead entries).
+        [message_ids, attempt_ids, telegram_ids, results, now, attempt_ids, now, now, message_ids, worker],
+    )
+    done: dict[int, int | None] = dict.fromkeys((message_id for message_id, *_ in rows), None)
+    if next_in_chat and rows:
+        done.update(selectors.next_open_messages_in_chats([(m, b, c) for m, b, c, _ in rows]))
+    # Update received -> reply sent, read in the same statement.
+    metrics.observe_reply_seconds((now - received).total_seconds() for *_, received in rows if received)
     for message, _, _ in sent:
         if message.pk in done:
             message.state = State.SENT
-    return done
-
-
-def _mark_sent_portable(
-    sent: list[tuple[OutboundMessage, Attempt, CallOutcome]], *, worker: str, now: datetime, next_in_chat: bool
-) -> dict[int, int | None]:
-    done: dict[int, int | None] = {}
-    for message, attempt, outcome in sent:
-        with transaction.atomic():
-            finish_attempt(attempt, outcome)
-            n = _owned(message, worker).update(**_sent_fields(outcome, now))
-        if n == 1:
-            done[message.pk] = (
-                selectors.next_open_message_in_chat(bot_id=message.bot_id, chat_id=message.chat_id)
-                if next_in_chat
-                else None
-            )
-    metrics.observe_replies(done)
     return done
 
 
@@ -333,7 +289,7 @@ def finish_attempt(attempt: Attempt, outcome: CallOutcome) -> None:
 
 
 def _sent_fields(outcome: CallOutcome, now: datetime) -> dict[str, Any]:
-    """A message's columns once it is sent (the ORM paths; PostgreSQL's statements set the same)."""
+    """A message's columns once it is sent (a late success; mark_sent's statement sets the same)."""
     telegram_message_id = outcome.telegram_message_id
     return {
         "state": State.SENT,

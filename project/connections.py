@@ -14,10 +14,12 @@ from urllib.parse import SplitResult, urlsplit
 CERT_REQS = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
 REDIS_SCHEMES = ("redis", "rediss")
 AMQP_SCHEMES = ("amqp", "amqps", "pyamqp")
+# django-environ's names for PostgreSQL: the only database Dovecote runs on.
+POSTGRES_SCHEMES = ("postgres", "postgresql", "pgsql")
 
 
 def broker_kind(url: str) -> str:
-    """`redis`, `amqp` or the URL's own scheme (`filesystem`, ...)."""
+    """`redis`, `amqp` or the URL's own scheme."""
     scheme = url.split("://", 1)[0].split("+", 1)[0].lower()
     if scheme in REDIS_SCHEMES:
         return "redis"
@@ -44,7 +46,7 @@ def _port_problem(parts: SplitResult) -> str:
     return ""
 
 
-def database_url_problem(url: str, schemes: Collection[str]) -> str:
+def database_url_problem(url: str, schemes: Collection[str] = POSTGRES_SCHEMES) -> str:
     """What makes a DATABASE_URL unusable, in a few words; "" when nothing does. Asked before
     django-environ parses it: its parser answers a URL without a scheme with a KeyError and a
     bad port with a bare ValueError, and takes an unknown scheme for a backend's name that
@@ -53,9 +55,7 @@ def database_url_problem(url: str, schemes: Collection[str]) -> str:
     if not parts.scheme:
         return "not a URL (postgres://user:password@host:5432/name)"
     if parts.scheme.lower() not in schemes:
-        return f"unknown database scheme {parts.scheme!r} (postgres://, or sqlite:// in development)"
-    if "sqlite" in parts.scheme.lower() or parts.scheme.lower() == "spatialite":
-        return ""  # a file's path, or :memory:
+        return f"unknown database scheme {parts.scheme!r} (postgres://)"
     if not parts.path.strip("/"):
         return "names no database (postgres://user:password@host:5432/name)"
     return _port_problem(parts)
@@ -122,8 +122,6 @@ def check_broker(*, timeout: float = 1.0) -> tuple[bool, str]:
     if kind == "redis":
         ok, detail = check_redis(url, timeout=timeout)
         return ok, "redis" if ok else detail
-    if kind == "filesystem":
-        return settings.BROKER_DIR.is_dir(), "filesystem"
     from kombu import Connection
 
     try:

@@ -1,6 +1,6 @@
 """Inserting rows once, in one statement: the hot paths' `INSERT … ON CONFLICT DO NOTHING`
-(the webhook's update, a one-message enqueue, a routed update's consumer runs). PostgreSQL
-(and SQLite 3.35+); no SELECT first, no savepoint."""
+(the webhook's update, a one-message enqueue, a routed update's consumer runs); no SELECT
+first, no savepoint."""
 
 from __future__ import annotations
 
@@ -47,14 +47,14 @@ def _set_on_save(f: Any) -> bool:
 
 
 @cache
-def _sql(model: type[Model], unique: tuple[str, ...], count: int = 1) -> str:
+def _sql(model: type[Model], unique: tuple[str, ...]) -> str:
     row = "(" + ", ".join(["%s"] * len(_fields(model))) + ")"
-    return _insert(model, unique, "VALUES " + ", ".join([row] * count))
+    return _insert(model, unique, "VALUES " + row)
 
 
 @cache
 def _sql_columns(model: type[Model], unique: tuple[str, ...]) -> str:
-    """`_sql` for any number of rows on PostgreSQL: the rows as one JSON array of objects
+    """`_sql` for any number of rows: the rows as one JSON array of objects
     (`_rows_json`) that PostgreSQL turns into rows of the table's own type, so the statement's
     text, prepared once per connection, is the same whatever the count. One JSON text, not
     one array per column: psycopg dumps arrays element by element in Python (4x the CPU of
@@ -247,10 +247,6 @@ def _execute(
     request) has it on disk first. `lists_as_text`: lists of ints or bools go as array text.
     `before`: a statement run first in the same transaction and round trip (a lock the
     statement's reads must come after). Why: docs/DESIGN.md."""
-    if db.vendor != "postgresql":
-        with db.cursor() as cursor:
-            cursor.execute(sql, params)
-            return (cursor.fetchall() if rows else []), cursor.rowcount
     db.close_if_health_check_failed()
     db.ensure_connection()
     db.validate_no_broken_transaction()
@@ -321,17 +317,13 @@ class JSONText(str):
 
 def insert_values_once(model: type[Model], values: dict[str, Any], *, unique: tuple[str, ...]) -> int | None:
     """insert_once for a row given as {attname: value}, without a model instance: the new
-    row's pk, or None when a row with the same `unique` columns exists. On PostgreSQL the
-    values go to psycopg as they are, so each must already be what its field stores (an int,
+    row's pk, or None when a row with the same `unique` columns exists. The values go to
+    psycopg as they are, so each must already be what its field stores (an int,
     a str, an aware datetime, None; for a JSON field any value json.dumps takes, or a
     JSONText), which spares the hot path Django's per-field conversions (~a third of the
     webhook's CPU with the model's __init__). A field left out takes its default, which must
     be a constant."""
     db = connections[DEFAULT_DB_ALIAS]
-    if db.vendor != "postgresql":
-        # The demo's SQLite: through a model instance, JSON text decoded again.
-        row = model(**{k: json.loads(v) if isinstance(v, JSONText) else v for k, v in values.items()})
-        return row.pk if insert_once(row, unique=unique) else None
     params = []
     for attname, encode, default in _value_plan(model):
         if attname not in values:
@@ -373,13 +365,8 @@ def insert_many_once(
         return 0
     model = type(rows[0])
     db = connections[DEFAULT_DB_ALIAS]
-    if db.vendor == "postgresql":
-        sql = _sql_columns(model, unique)
-        fetched = _execute(db, sql, [_rows_json(rows)], prepare=True, async_commit=async_commit, before=before)[0]
-    else:
-        values = _column_values(db, rows)
-        params = [column[n] for n in range(len(rows)) for column in values]
-        fetched = _execute(db, _sql(model, unique, len(rows)), params)[0]
+    sql = _sql_columns(model, unique)
+    fetched = _execute(db, sql, [_rows_json(rows)], prepare=True, async_commit=async_commit, before=before)[0]
     return _saved(db, rows, unique, fetched)
 
 
@@ -394,7 +381,7 @@ def insert_many_computed(
     async_commit: bool = False,
     before: Statement | None = None,
 ) -> list[tuple[Any, ...] | None]:
-    """`insert_many_once` on PostgreSQL with some columns decided by the statement itself:
+    """`insert_many_once` with some columns decided by the statement itself:
     each row's values are `r` (the table's row type, from their JSON; `r.ordinality` is its
     place in `rows` from 1, for a parameter array indexed by row), `lateral` a LATERAL
     subquery beside it (as `x`), and `computed` gives {column: SQL over r and x};
@@ -496,11 +483,6 @@ def _sql_with(model: type[Model], unique: tuple[str, ...], mark: str, of: str) -
         f"WITH marked AS ({mark}), inserted AS ({_insert(model, unique, source)}) "  # noqa: S608 - the caller's SQL
         f"SELECT marked.id, inserted.* FROM marked LEFT JOIN inserted ON inserted.{of} = marked.id"
     )
-
-
-def _column_values(db: Any, rows: list[Model]) -> list[list[Any]]:
-    """The rows' values to insert, one list per column."""
-    return [[f.get_db_prep_save(f.pre_save(row, True), db) for row in rows] for f in _fields(type(rows[0]))]
 
 
 def _unique_values(db: Any, row: Model, unique: tuple[str, ...]) -> tuple[Any, ...]:

@@ -1,11 +1,10 @@
 """Dovecote settings, read from the environment (12-factor; every variable is in docs/OPERATIONS.md).
 
-With DEBUG=1 every variable has a development default, so `make demo` runs with no
-configuration at all: SQLite and Celery's file broker under var/. In production
-(DEBUG off) SECRET_KEY and ALLOWED_HOSTS are required.
+DATABASE_URL (PostgreSQL) and REDIS_URL are always required: `make demo` starts its own
+(scripts/demo.py). With DEBUG=1 every other variable has a development default; in production
+(DEBUG off) SECRET_KEY and ALLOWED_HOSTS are required too.
 """
 
-import functools
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,7 +15,6 @@ from project.connections import broker_kind, database_url_problem, redacted, red
 from project.sentry import init_sentry
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-VAR_DIR = BASE_DIR / "var"
 
 
 class _Env(environ.Env):
@@ -38,12 +36,21 @@ DEBUG = env.bool("DEBUG", default=False)
 
 def _required_in_production(*names: str) -> None:
     """Fail closed: with DEBUG off, a missing variable stops the process at start with one
-    line naming it, rather than falling back to the development defaults (an SQLite file on
-    an ephemeral disk, a file broker, a per-process rate limiter)."""
+    line naming it, rather than falling back to a development default (an insecure key)."""
     missing = [name for name in names if not env.str(name, default="")]
     if missing:
         raise ImproperlyConfigured(
             f"{', '.join(missing)} must be set when DEBUG is off (DEBUG=1 uses development defaults)."
+        )
+
+
+def _required_services() -> None:
+    """Development too runs on PostgreSQL and Redis: without them, one line saying where to
+    find a pair that needs no installing."""
+    missing = [name for name in ("DATABASE_URL", "REDIS_URL") if not env.str(name, default="")]
+    if missing:
+        raise ImproperlyConfigured(
+            f"{', '.join(missing)} must be set (`make demo` starts a PostgreSQL and a Redis of its own)."
         )
 
 
@@ -59,6 +66,7 @@ def _service_url(name: str, problem: Callable[[str], str], default: str = "") ->
 
 
 if DEBUG:
+    _required_services()
     SECRET_KEY = env.str("SECRET_KEY", default="dev-insecure-dovecote-key-change-me")
     ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]", "testserver"])
 else:
@@ -133,39 +141,22 @@ TEMPLATES = [
 WSGI_APPLICATION = "project.wsgi.application"
 
 # --- Database -------------------------------------------------------------------------
-# SQLite is the zero-install default for the demo. Without IMMEDIATE transactions, many
-# read-then-write Celery tasks died with "database is locked".
-DATABASES = {
-    "default": env.db_url_config(
-        _service_url(
-            "DATABASE_URL",
-            functools.partial(database_url_problem, schemes=env.DB_SCHEMES),
-            default=f"sqlite:///{VAR_DIR / 'dovecote.sqlite3'}",
-        )
-    )
-}
-if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
-    DATABASES["default"]["OPTIONS"] = {
-        "transaction_mode": "IMMEDIATE",
-        "timeout": 20,
-        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
-    }
-else:
-    if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
-        # The same backend, with a health check that asks the socket before the server.
-        DATABASES["default"]["ENGINE"] = "project.postgresql"
-    # Persistent connections: a connection per request would cap the webhook's throughput
-    # (docs/PERFORMANCE.md).
-    DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=600)
-    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
-    DATABASES["default"].setdefault("OPTIONS", {}).setdefault(
-        "connect_timeout", env.int("DATABASE_CONNECT_TIMEOUT", default=5)
-    )
-    # Prepared statements, for the hot paths' fixed statements only (project/rows.py: each
-    # asks for it, and is planned once per connection instead of on every run). Django's own
-    # statements are bound client-side, which psycopg never prepares; a threshold this high
-    # keeps psycopg from preparing anything else by count.
-    DATABASES["default"]["OPTIONS"].setdefault("prepare_threshold", 2**31 - 1)
+# PostgreSQL only (postgres:// or postgresql://): the hot paths' statements are its own.
+DATABASES = {"default": env.db_url_config(_service_url("DATABASE_URL", database_url_problem))}
+# The same backend, with a health check that asks the socket before the server.
+DATABASES["default"]["ENGINE"] = "project.postgresql"
+# Persistent connections: a connection per request would cap the webhook's throughput
+# (docs/PERFORMANCE.md).
+DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=600)
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+DATABASES["default"].setdefault("OPTIONS", {}).setdefault(
+    "connect_timeout", env.int("DATABASE_CONNECT_TIMEOUT", default=5)
+)
+# Prepared statements, for the hot paths' fixed statements only (project/rows.py: each
+# asks for it, and is planned once per connection instead of on every run). Django's own
+# statements are bound client-side, which psycopg never prepares; a threshold this high
+# keeps psycopg from preparing anything else by count.
+DATABASES["default"]["OPTIONS"].setdefault("prepare_threshold", 2**31 - 1)
 
 # Behind PgBouncer in transaction pooling mode (Heroku's and most managed poolers), a client's
 # consecutive transactions may run on different server connections, so nothing may rely on
@@ -179,7 +170,7 @@ else:
 DATABASE_POOLER = env.str("DATABASE_POOLER", default="")
 if DATABASE_POOLER not in ("", "session", "transaction"):
     raise ImproperlyConfigured("DATABASE_POOLER must be empty, 'session' or 'transaction'.")
-if DATABASE_POOLER == "transaction" and DATABASES["default"]["ENGINE"] != "django.db.backends.sqlite3":
+if DATABASE_POOLER == "transaction":
     DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
     DATABASES["default"]["OPTIONS"]["prepare_threshold"] = None
     DATABASES["default"]["OPTIONS"].pop("server_side_binding", None)
@@ -218,36 +209,21 @@ REDIS_SSL_CERT_REQS = env.str("REDIS_SSL_CERT_REQS", default="required").lower()
 # Prefix of every Redis key Dovecote writes (broker queues, limiter, flood pauses), so that
 # several deployments - or test runs - can share one Redis.
 DOVECOTE_REDIS_PREFIX = env.str("DOVECOTE_REDIS_PREFIX", default="")
-BROKER_DIR = VAR_DIR / "broker"
 # Another broker (RabbitMQ: amqp://...) than REDIS_URL; Redis keeps the limiter, the drain's
 # wake-up keys and the sweeper's. Celery itself also reads CELERY_BROKER_URL from the
 # environment first, so this must agree with it.
 _BROKER_URL = env.str("CELERY_BROKER_URL", default="") or env.str("DOVECOTE_BROKER_URL", default="")
 
-if _BROKER_URL or REDIS_URL:
-    CELERY_BROKER_URL = _BROKER_URL or REDIS_URL
-    CELERY_BROKER_TRANSPORT_OPTIONS = {}
-    if broker_kind(CELERY_BROKER_URL) == "redis":
-        # Redis-only options (kombu's other transports ignore or refuse them).
-        # Longer than any task (a send is bounded by the HTTP timeouts); long waits live
-        # in the database as next_attempt_at, never as a Redis countdown past this.
-        CELERY_BROKER_TRANSPORT_OPTIONS["visibility_timeout"] = env.int("CELERY_VISIBILITY_TIMEOUT", default=3600)
-        if DOVECOTE_REDIS_PREFIX:
-            CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] = DOVECOTE_REDIS_PREFIX
-        CELERY_BROKER_USE_SSL = redis_ssl_options(CELERY_BROKER_URL, REDIS_SSL_CERT_REQS) or None
-else:
-    for sub in ("in", "processed", "control"):
-        (BROKER_DIR / sub).mkdir(parents=True, exist_ok=True)
-    CELERY_BROKER_URL = "filesystem://localhost/"
-    CELERY_BROKER_TRANSPORT_OPTIONS = {
-        "data_folder_in": str(BROKER_DIR / "in"),
-        "data_folder_out": str(BROKER_DIR / "in"),
-        "processed_folder": str(BROKER_DIR / "processed"),
-        "control_folder": str(BROKER_DIR / "control"),
-        "store_processed": False,
-        # The default 1 s poll adds ~0.6 s per hop.
-        "polling_interval": 0.1,
-    }
+CELERY_BROKER_URL = _BROKER_URL or REDIS_URL
+CELERY_BROKER_TRANSPORT_OPTIONS = {}
+if broker_kind(CELERY_BROKER_URL) == "redis":
+    # Redis-only options (kombu's other transports ignore or refuse them).
+    # Longer than any task (a send is bounded by the HTTP timeouts); long waits live
+    # in the database as next_attempt_at, never as a Redis countdown past this.
+    CELERY_BROKER_TRANSPORT_OPTIONS["visibility_timeout"] = env.int("CELERY_VISIBILITY_TIMEOUT", default=3600)
+    if DOVECOTE_REDIS_PREFIX:
+        CELERY_BROKER_TRANSPORT_OPTIONS["global_keyprefix"] = DOVECOTE_REDIS_PREFIX
+    CELERY_BROKER_USE_SSL = redis_ssl_options(CELERY_BROKER_URL, REDIS_SSL_CERT_REQS) or None
 
 CELERY_TASK_ACKS_LATE = True
 # Celery's Django fixup closes every database connection before and after each task unless

@@ -55,7 +55,7 @@ def _readable_within(seconds: float) -> bool:
 
 def test_the_backend_is_djangos_postgresql_with_health_checks_on() -> None:
     assert connection.settings_dict["ENGINE"] == "project.postgresql"
-    assert connection.vendor == "postgresql"
+    assert connection.display_name == "PostgreSQL"
     assert connection.health_check_enabled
 
 

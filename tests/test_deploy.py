@@ -33,9 +33,18 @@ def platform_env(**overrides: str) -> dict[str, str]:
     return env
 
 
+# Development runs on PostgreSQL and Redis too: /healthz asks neither.
+DEV_SERVICES = {
+    "DATABASE_URL": "postgres://postgres@127.0.0.1:5432/never-used",
+    "REDIS_URL": "redis://127.0.0.1:6379/15",
+}
+
+
 def test_the_web_line_listens_on_all_interfaces_at_the_platforms_port(processes: list[Process]) -> None:
     port = free_port()
-    web = Process("procfile-web", ["bash", "-c", procfile()["web"]], platform_env(PORT=str(port), DEBUG="1"))
+    web = Process(
+        "procfile-web", ["bash", "-c", procfile()["web"]], platform_env(PORT=str(port), DEBUG="1", **DEV_SERVICES)
+    )
     processes.append(web)
 
     wait_until(lambda: "Listening at" in web.log() or not web.alive(), timeout=30, message="gunicorn to listen")
@@ -63,69 +72,6 @@ def test_gunicorn_binds_to_loopback_unless_the_platform_sets_a_port(
 
 def test_the_release_phase_only_migrates() -> None:
     assert procfile()["release"].strip() == "python manage.py migrate --noinput"
-
-
-def test_the_demo_database_migrates_from_zero_and_back_on_sqlite(tmp_path) -> None:
-    # `make demo` runs on SQLite: indexes built CONCURRENTLY on PostgreSQL must still migrate.
-    env = {k: v for k, v in base_env().items() if k not in ("REDIS_URL",)}
-    env.update(DJANGO_SETTINGS_MODULE="project.settings", DATABASE_URL=f"sqlite:///{tmp_path / 'demo.sqlite3'}")
-
-    def manage(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [str(VENV_BIN / "python"), "manage.py", *args],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-
-    migrated = manage("migrate", "--noinput")
-    assert migrated.returncode == 0, migrated.stderr
-    assert "[ ]" not in manage("showmigrations").stdout
-    for app in ("reconciliation", "outbox", "bots"):
-        undone = manage("migrate", app, "zero", "--noinput")
-        assert undone.returncode == 0, undone.stderr
-
-
-_ROUTE_ON_SQLITE = (
-    "import json, django; django.setup();"
-    " from bots.services import add_bot, inbox_update_store, inbox_update_route;"
-    " from bots.models import ConsumerRun, InboundUpdate; from outbox.models import OutboundMessage;"
-    " bot, _ = add_bot(name='demo', token='123:sqlite-demo-token', responder='echo');"
-    " update, _ = inbox_update_store(bot=bot, payload={'update_id': 7, 'message': {'message_id': 3,"
-    " 'chat': {'id': 501, 'type': 'private'}, 'from': {'id': 501}, 'date': 0, 'text': 'hello demo'}});"
-    " inbox_update_route(update.pk); inbox_update_route(update.pk);"
-    " print(json.dumps([InboundUpdate.objects.get().state,"
-    " sorted(ConsumerRun.objects.values_list('consumer', 'state')),"
-    " list(OutboundMessage.objects.values_list('state', flat=True))]))"
-)
-
-
-def test_the_demo_routes_an_update_and_answers_it_on_sqlite(tmp_path, sandbox) -> None:
-    # `make demo` runs on SQLite (no SKIP LOCKED, no arrays): routing, the inline runs and the
-    # reply must work there too, and routing the update twice must not run it twice.
-    env = {k: v for k, v in base_env().items() if k not in ("REDIS_URL",)}
-    env.update(
-        DJANGO_SETTINGS_MODULE="project.settings",
-        DEBUG="1",
-        DATABASE_URL=f"sqlite:///{tmp_path / 'demo.sqlite3'}",
-        TELEGRAM_API_BASE_URL=sandbox.base_url,
-        DOVECOTE_REPLY_DEBOUNCE_SECONDS="0",
-        DOVECOTE_INLINE_WORK="1",
-    )
-    run = {"cwd": ROOT, "env": env, "capture_output": True, "text": True, "timeout": 120}
-    migrated = subprocess.run([str(VENV_BIN / "python"), "manage.py", "migrate", "--noinput"], **run)
-    assert migrated.returncode == 0, migrated.stderr
-    routed = subprocess.run([str(VENV_BIN / "python"), "-c", _ROUTE_ON_SQLITE], **run)
-    assert routed.returncode == 0, routed.stderr
-
-    assert json.loads(routed.stdout.strip().splitlines()[-1]) == [
-        "done",
-        [["analytics", "done"], ["auto_reply", "done"]],
-        ["sent"],
-    ]
-    assert len(sandbox.calls(token="123:sqlite-demo-token", method="sendMessage")) == 1
 
 
 @pytest.mark.parametrize("process", ["release", "web", "worker", "beat"])
@@ -176,18 +122,30 @@ def test_a_number_that_cannot_be_read_is_named_in_one_line() -> None:
     assert line.startswith("dovecote: DOVECOTE_DRAIN_BATCH_SIZE='eight' is not an integer")
 
 
-def test_production_names_every_missing_variable_in_one_line() -> None:
+@pytest.mark.parametrize(
+    ("environment", "words"),
+    [
+        ({"SECRET_KEY": ""}, "dovecote: SECRET_KEY, DATABASE_URL, REDIS_URL must be set when DEBUG is off"),
+        # Development too: no SQLite or file broker to fall back on, and what starts a pair.
+        (
+            {"DEBUG": "1"},
+            "dovecote: DATABASE_URL, REDIS_URL must be set (`make demo` starts a PostgreSQL and a Redis of its own).",
+        ),
+    ],
+    ids=["production", "development"],
+)
+def test_every_missing_variable_is_named_in_one_line(environment: dict[str, str], words: str) -> None:
     done = subprocess.run(
         [str(VENV_BIN / "python"), "manage.py", "check"],
         cwd=ROOT,
-        env=platform_env(SECRET_KEY=""),
+        env=platform_env(**environment),
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert done.returncode == 1
     [line] = done.stderr.strip().splitlines()
-    assert line.startswith("dovecote: SECRET_KEY, DATABASE_URL, REDIS_URL must be set when DEBUG is off")
+    assert line.startswith(words)
 
 
 # The production settings the README's "Deploy" section recommends.
@@ -297,7 +255,7 @@ def test_two_web_processes_on_one_host_both_serve_and_leave_each_others_control_
     theirs.bind(str(path))
     theirs.listen()
     inode = path.stat().st_ino
-    env = platform_env(DEBUG="1", WEB_CONCURRENCY="1", XDG_RUNTIME_DIR=str(runtime), HOME=str(tmp_path))
+    env = platform_env(DEBUG="1", WEB_CONCURRENCY="1", XDG_RUNTIME_DIR=str(runtime), HOME=str(tmp_path), **DEV_SERVICES)
     urls = []
     for name in ("web-a", "web-b"):
         port = free_port()
@@ -371,6 +329,7 @@ MALFORMED_URLS = [
     ("DATABASE_URL", "postgres//x", "DATABASE_URL='postgres//x': not a URL"),
     ("DATABASE_URL", "notaurl", "DATABASE_URL='notaurl': not a URL"),
     ("DATABASE_URL", "http://db.example.com/dovecote", "unknown database scheme 'http'"),
+    ("DATABASE_URL", "sqlite:///var/dovecote.sqlite3", "unknown database scheme 'sqlite'"),
     (
         "DATABASE_URL",
         "postgres://dove:s3cret@db.example.com:99999/dovecote",

@@ -3,8 +3,7 @@ runs written) in the transaction that makes it `done`. Rows an older version may
 in them go back to `new` (routing again is harmless: one run per update and consumer). The
 lease columns that went with `processing` leave the model now and the table later: during a
 deploy the old web processes still insert them, so the table keeps them (lease_owner gets a
-default, for the new code's inserts without it) until a later release drops them. The
-demo's SQLite has no old processes and drops them at once."""
+default, for the new code's inserts without it) until a later release drops them."""
 
 from typing import Any
 
@@ -19,21 +18,12 @@ def states_back_to_new(apps: Any, schema_editor: Any) -> None:
 
 def leases_out_of_the_model(apps: Any, schema_editor: Any) -> None:
     table = schema_editor.quote_name("bots_inboundupdate")
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(f"ALTER TABLE {table} ALTER COLUMN lease_owner SET DEFAULT ''")
-        return
-    model = apps.get_model("bots", "InboundUpdate")
-    for name in ("lease_owner", "lease_expires_at"):
-        schema_editor.remove_field(model, model._meta.get_field(name))
+    schema_editor.execute(f"ALTER TABLE {table} ALTER COLUMN lease_owner SET DEFAULT ''")
 
 
 def leases_back_in_the_model(apps: Any, schema_editor: Any) -> None:
     table = schema_editor.quote_name("bots_inboundupdate")
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(f"ALTER TABLE {table} ALTER COLUMN lease_owner DROP DEFAULT")
-        return
-    schema_editor.execute(f"ALTER TABLE {table} ADD COLUMN lease_owner varchar(200) NOT NULL DEFAULT ''")
-    schema_editor.execute(f"ALTER TABLE {table} ADD COLUMN lease_expires_at datetime NULL")
+    schema_editor.execute(f"ALTER TABLE {table} ALTER COLUMN lease_owner DROP DEFAULT")
 
 
 class Migration(migrations.Migration):

@@ -1,5 +1,5 @@
 """One message, its own task: the send of a message dispatched alone (a reserved rate-limit
-slot, a broadcast, a circuit's probe, SQLite's demo), and what every drain-less path uses.
+slot, a broadcast, a circuit's probe), and what every drain-less path uses.
 A redelivered task is harmless because the send starts with a claim."""
 
 from __future__ import annotations

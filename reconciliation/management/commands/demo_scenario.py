@@ -112,8 +112,8 @@ class Command(BaseCommand):
         self.say(f"\n{line}\nQueue status")
         call_command("queue_status")
         self.say(
-            f"{line}\nAdmin: http://127.0.0.1:8000/admin/ (admin / admin). The sandbox keeps running: "
-            "try more with\n  curl -s -XPOST http://127.0.0.1:8081/sandbox/updates -H 'Content-Type: application/json' "
+            f"{line}\nAdmin: {options['web']}/admin/ (admin / admin). The sandbox keeps running: "
+            f"try more with\n  curl -s -XPOST {options['sandbox']}/sandbox/updates -H 'Content-Type: application/json' "
             f'-d \'{{"token": "{token}", "chat_id": 42, "text": "hi"}}\'\nCtrl-C stops everything.'
         )
         if options["exit"]:
