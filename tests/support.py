@@ -255,3 +255,39 @@ def in_threads(n: int, target: Any, *args: Any) -> list:
     for t in threads:
         t.join(60)
     return results
+
+
+class PrivateRedis:
+    """A redis-server of the test's own on a free port (never the shared one), without
+    persistence: a restart loses every queue and key, as a crashed Redis without AOF does."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: Process | None = None
+
+    def start(self) -> float:
+        """Start it; returns when (time.time()) it took connections."""
+        args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        self.proc = Process("redis", args, dict(os.environ))
+        import redis
+
+        client = redis.Redis.from_url(self.url, socket_connect_timeout=0.5)
+
+        def up() -> bool:
+            try:
+                return bool(client.ping())
+            except redis.RedisError:
+                return False
+
+        wait_until(up, timeout=10, interval=0.02, message=f"redis-server on port {self.port}")
+        return time.time()
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.stop()
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.stop()

@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import redis
 from django.db import InterfaceError, OperationalError, close_old_connections, connection
 from django.db.models import Q
 from django.test import override_settings
@@ -45,7 +44,7 @@ from outbox.models import Attempt, Circuit, CircuitState, DeadLetter, OnAmbiguou
 from outbox.services import outbound_message_cancel, outbound_message_enqueue
 from reconciliation.models import CaseStatus, ReconciliationCase
 from tests.private_postgres import PrivatePostgres
-from tests.support import Process, free_port, point_celery_at, start_worker, wait_until
+from tests.support import PrivateRedis, Process, point_celery_at, start_worker, wait_until
 
 # Texts over Telegram's 4,096 characters, which the outbox splits into parts (rows).
 LONG_TEXTS = True
@@ -241,38 +240,6 @@ def _flood(rng: random.Random, *, around: float, first: int, bots: int) -> list[
 
 
 # ------------------------------------------------------------------------- processes
-class PrivateRedis:
-    """A redis-server of the test's own on a free port (never the shared one), without
-    persistence: a restart loses every queue and key, as a crashed Redis without AOF does."""
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.proc: Process | None = None
-
-    def start(self) -> None:
-        args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-        self.proc = Process("redis", args, dict(os.environ))
-        client = redis.Redis.from_url(self.url, socket_connect_timeout=0.5)
-
-        def up() -> bool:
-            try:
-                return bool(client.ping())
-            except redis.RedisError:
-                return False
-
-        wait_until(up, timeout=10, message=f"redis-server on port {self.port}")
-
-    def kill(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.stop()
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.stop()
-
-
 def _forget_redis_clients() -> None:
     ratelimit._storage.cache_clear()
     ratelimit._limiter.cache_clear()
