@@ -13,7 +13,10 @@ Telegram would (an update the webhook did not acknowledge is posted again). Then
 - redis: redis-server is killed and started again 5 s later (without its data, as a Redis
   without persistence restarts), 2 messages from each of 25 chats written while it is down;
 - postgres: PostgreSQL crashes (an immediate stop) for 4 s, twice, during a flood of 190
-  messages over 19 chats.
+  messages over 19 chats;
+- kill: the worker is SIGKILLed while 4 consumer runs (the CRM webhook, to a CRM that takes
+  its time) are in flight, and started again at once: when is each run taken over (its
+  lease, DOVECOTE_CONSUMER_LEASE_SECONDS, ran out, and the sweeper's tick came)? Aim ~30 s.
 
 Printed per scenario: the replies owed (acknowledged updates), those answered, the first reply
 to a message acknowledged before the fault cleared, and
@@ -23,7 +26,7 @@ reply to a message acknowledged later, from then), whether each
 chat got its replies in the order its messages were written, and duplicates. Aim: every
 reply within 10 s, in order, none twice. Not a test: figures go to docs/PERFORMANCE.md.
 
-    .venv/bin/python bench/recovery.py [--only 502,503,401,redis,postgres]
+    .venv/bin/python bench/recovery.py [--only 502,503,401,redis,postgres,kill]
 """
 
 from __future__ import annotations
@@ -295,9 +298,87 @@ def scenario_postgres(system: System) -> dict:
     return measure("postgres", "crashed for 4 s, twice, in a flood of 190", sandbox_url, book, cleared, skip=skip)
 
 
+class CRM:
+    """A CRM endpoint that keeps the first request of each key waiting (a slow CRM), so that
+    a worker killed then dies in the middle of its runs; each POST's key and time recorded."""
+
+    def __init__(self) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.posts: list[tuple[str, float]] = []
+        self.release = threading.Event()
+        self.hold = threading.Event()  # set: first requests wait (after the warm-up)
+        posts, release, hold = self.posts, self.release, self.hold
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # http.server's name
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                key = self.headers.get("Idempotency-Key", "")
+                first = all(k != key for k, _ in posts)
+                posts.append((key, time.time()))
+                if first and hold.is_set():
+                    release.wait(120)
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/leads"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.release.set()
+        self.server.shutdown()
+
+
+def scenario_kill(system: System) -> dict:
+    """The worker SIGKILLed while 4 CRM runs wait for the CRM's answer, started again at once
+    (as a supervisor would): when is each run taken over (its CRM request made again)?"""
+    crm = CRM()
+    system.env["DOVECOTE_CRM_WEBHOOK_URL"] = crm.url
+    try:
+        _, _, users, _ = started(system)
+        c.wait_until(lambda: crm.posts, 60, "the warm-up's CRM run", interval=0.05)
+        crm.posts.clear()
+        crm.hold.set()
+        # As many runs as the worker has processes, each waiting for the CRM's answer.
+        users.write_all({300 + ch: [f"kill c{ch}"] for ch in range(4)})
+        c.wait_until(lambda: len(crm.posts) >= 4, 60, "the CRM runs to start", interval=0.05)
+        worker = next(p for p in system.procs if p.name == "worker")
+        worker.kill()
+        killed = time.time()
+        crm.release.set()
+        system.procs.remove(worker)
+        system.procs.append(c.Proc("worker", worker.proc.args, system.env))
+        keys = {k for k, _ in crm.posts}
+        c.wait_until(lambda: all(sum(k == key for k, _ in crm.posts) >= 2 for key in keys), 120, "the runs again", 0.2)
+        again = [min(at for k, at in crm.posts[len(keys) :] if k == key) - killed for key in keys]
+        if os.environ.get("RECOVERY_EXPLAIN"):
+            print([(k[-12:], round(at - killed, 1)) for k, at in crm.posts])
+            for proc in system.procs:
+                print(f"--- {proc.name}: {proc.log_path}")
+        return {
+            "scenario": "kill",
+            "fault": f"worker SIGKILLed with {len(keys)} runs in flight (restarted at once)",
+            "owed": len(keys),
+            "answered": len(keys),
+            "held": len(keys),
+            "first": min(again),
+            "last": max(again),
+            "slowest": [],
+            "in_order": True,
+            "duplicates": 0,
+        }
+    finally:
+        crm.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="502,503,401,redis,postgres")
+    parser.add_argument("--only", default="502,503,401,redis,postgres,kill")
     args = parser.parse_args()
     chosen = args.only.split(",")
     remove_clusters_of_dead_runs()
@@ -322,6 +403,8 @@ def main() -> None:
                     results.append(scenario_redis(system))
                 elif name == "postgres":
                     results.append(scenario_postgres(system))
+                elif name == "kill":
+                    results.append(scenario_kill(system))
                 r = results[-1]
                 if os.environ.get("RECOVERY_EXPLAIN") and (r["last"] or 0) > 10:
                     explain(system, [t for _, t in r["slowest"]])
