@@ -45,7 +45,7 @@ import httpx
 import redis
 
 from tests.private_postgres import PrivatePostgres, remove_clusters_of_dead_runs
-from tests.support import PrivateRedis
+from tests.support import HeldEndpoint, PrivateRedis
 
 TOKEN = "700042:recovery-token-abcdefghijklmnopqrstuvwxyz"
 SECRET = "recovery-webhook-secret"
@@ -298,46 +298,10 @@ def scenario_postgres(system: System) -> dict:
     return measure("postgres", "crashed for 4 s, twice, in a flood of 190", sandbox_url, book, cleared, skip=skip)
 
 
-class CRM:
-    """A CRM endpoint that keeps the first request of each key waiting (a slow CRM), so that
-    a worker killed then dies in the middle of its runs; each POST's key and time recorded."""
-
-    def __init__(self) -> None:
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-        self.posts: list[tuple[str, float]] = []
-        self.release = threading.Event()
-        self.hold = threading.Event()  # set: first requests wait (after the warm-up)
-        posts, release, hold = self.posts, self.release, self.hold
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # http.server's name
-                self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                key = self.headers.get("Idempotency-Key", "")
-                first = all(k != key for k, _ in posts)
-                posts.append((key, time.time()))
-                if first and hold.is_set():
-                    release.wait(120)
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/leads"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.release.set()
-        self.server.shutdown()
-
-
 def scenario_kill(system: System) -> dict:
     """The worker SIGKILLed while 4 CRM runs wait for the CRM's answer, started again at once
     (as a supervisor would): when is each run taken over (its CRM request made again)?"""
-    crm = CRM()
+    crm = HeldEndpoint()
     system.env["DOVECOTE_CRM_WEBHOOK_URL"] = crm.url
     try:
         _, _, users, _ = started(system)

@@ -4,9 +4,7 @@ run stayed `running` until its lease ran out and the sweeper's next tick found i
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from django.db import connection
@@ -15,46 +13,16 @@ from bots import services
 from bots.models import ConsumerRun, RunState
 from tests.conftest import make_bot
 from tests.private_postgres import PrivatePostgres
-from tests.support import Process, start_worker, wait_until
+from tests.support import HeldEndpoint, Process, start_worker, wait_until
 from tests.test_rows import crashable_db, crashable_postgres  # noqa: F401 - fixtures
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
 
-class CRM:
-    """A CRM endpoint that holds its first answer until the test lets it go."""
-
-    def __init__(self) -> None:
-        self.keys: list[str] = []
-        self.arrived = threading.Event()
-        self.answer = threading.Event()
-        crm = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # http.server's name
-                self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                crm.keys.append(self.headers.get("Idempotency-Key", ""))
-                crm.arrived.set()
-                crm.answer.wait(60)
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/leads"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.answer.set()
-        self.server.shutdown()
-
-
 @pytest.fixture
-def crm() -> Iterator[CRM]:
-    server = CRM()
+def crm() -> Iterator[HeldEndpoint]:
+    server = HeldEndpoint()
+    server.hold.set()
     yield server
     server.close()
 
@@ -65,7 +33,7 @@ def test_a_run_cut_off_by_a_postgresql_crash_is_run_again_by_its_worker_once_pos
     process_env: dict[str, str],
     processes: list[Process],
     sandbox_server,
-    crm: CRM,
+    crm: HeldEndpoint,
 ) -> None:
     env = {
         **process_env,
@@ -80,9 +48,9 @@ def test_a_run_cut_off_by_a_postgresql_crash_is_run_again_by_its_worker_once_pos
     services.inbox_update_receive(bot=bot, payload=payload, body=None, trace_id="resume-test")
     services.inbox_router_wake(bot.pk)
 
-    assert crm.arrived.wait(60), "the CRM run never started"
+    wait_until(lambda: crm.posts, timeout=60, message="the CRM run to start")
     crashable_db.crash()  # the run is `running`, its POST out
-    crm.answer.set()  # the answer comes; the worker cannot write it down
+    crm.release.set()  # the answer comes; the worker cannot write it down
     connection.close()
     crashable_db.start()
 
@@ -95,5 +63,5 @@ def test_a_run_cut_off_by_a_postgresql_crash_is_run_again_by_its_worker_once_pos
 
     run = wait_until(lambda: (r := crm_run()) is not None and r.state == RunState.DONE and r, timeout=60)
     assert run.attempts == 2
-    assert len(crm.keys) == 2
-    assert len(set(crm.keys)) == 1  # sent again with the same key
+    assert len(crm.posts) == 2
+    assert len({key for key, _ in crm.posts}) == 1  # sent again with the same key
