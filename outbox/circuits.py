@@ -165,10 +165,12 @@ def record_failure(scope: str, *, reason: str) -> float | None:
 
 
 # Called with (bot id, seconds until the next probe) when a bot's circuit opens or a probe
-# fails, and with the bot id when it closes: the sending side schedules the probe and
-# releases the backlog (outbox/sending/probe.py registers them; this module sends nothing).
+# fails, and with the bot id and whether it was open when it closes (or a success ends a
+# run of failures too few to open it): the
+# sending side schedules the probe and releases the backlog (outbox/sending/probe.py
+# registers them; this module sends nothing).
 on_bot_opened: list[Callable[[int, float], None]] = []
-on_bot_closed: list[Callable[[int], None]] = []
+on_bot_closed: list[Callable[[int, bool], None]] = []
 
 
 def _opened(scope: str, delay: float) -> None:
@@ -178,17 +180,17 @@ def _opened(scope: str, delay: float) -> None:
             hook(int(parsed[1]), delay)
 
 
-def _closed(scope: str) -> None:
+def _closed(scope: str, *, was_open: bool = True) -> None:
     parsed = parse_scope(scope)
     if parsed is not None and parsed[0] == "bot":
         for hook in on_bot_closed:
-            hook(int(parsed[1]))
+            hook(int(parsed[1]), was_open)
 
 
 def record_success(scope: str) -> None:
     # Called only for a circuit that is not already clean (the callers read it so). A
-    # real close (open|half_open -> closed) is told to `on_bot_closed`, once: the UPDATE
-    # that closes it decides who.
+    # close (open|half_open -> closed), or failures forgotten, is told to `on_bot_closed`
+    # once: the UPDATE that does it decides who.
     now = timezone.now()
     closed = Circuit.objects.filter(scope=scope, manual=False, state__in=_NOT_CLOSED).update(
         state=CircuitState.CLOSED, consecutive_failures=0, next_probe_at=None, reason="", updated_at=now
@@ -197,9 +199,13 @@ def record_success(scope: str) -> None:
         logger.info("circuit %s closed", scope, extra={"scope": scope})
         _closed(scope)
         return
-    Circuit.objects.filter(scope=scope, state=CircuitState.CLOSED, consecutive_failures__gt=0).update(
+    reset = Circuit.objects.filter(scope=scope, state=CircuitState.CLOSED, consecutive_failures__gt=0).update(
         consecutive_failures=0
     )
+    if reset:
+        # Failures short of opening it, then a success: the destination answers again, and
+        # what those failures put off need not wait out its backoff either.
+        _closed(scope, was_open=False)
 
 
 def pause(scope: str, *, reason: str) -> None:

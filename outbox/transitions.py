@@ -432,22 +432,21 @@ def make_due(message_id: int, *, now: datetime) -> bool:
     return OutboundMessage.objects.filter(pk=message_id, state__in=WAITING).update(next_attempt_at=now) == 1
 
 
-def make_outage_retries_due(bot_id: int, *, now: datetime) -> int:
+def make_outage_retries_due(bot_id: int, *, now: datetime) -> tuple[int, int]:
     """retry -> retry, due now, for the bot's messages whose last attempt the outage failed
     (a transient error, an auth refusal) and whose backoff still runs: its circuit just
-    closed, so that wait no longer stands for anything. Never before a message's send_at."""
+    closed, so that wait no longer stands for anything. Never before a message's send_at.
+    Returns how many replies and how many broadcast messages were made due."""
     from django.db.models import Q
 
-    return (
-        OutboundMessage.objects.filter(
-            bot_id=bot_id,
-            state=State.RETRY,
-            last_error_class__in=[ErrorClass.TRANSIENT, ErrorClass.AUTH],
-            next_attempt_at__gt=now,
-        )
-        .filter(Q(send_at__isnull=True) | Q(send_at__lte=now))
-        .update(next_attempt_at=now)
-    )
+    outage = OutboundMessage.objects.filter(
+        bot_id=bot_id,
+        state=State.RETRY,
+        last_error_class__in=[ErrorClass.TRANSIENT, ErrorClass.AUTH],
+        next_attempt_at__gt=now,
+    ).filter(Q(send_at__isnull=True) | Q(send_at__lte=now))
+    replies = outage.filter(broadcast="").update(next_attempt_at=now)
+    return replies, outage.exclude(broadcast="").update(next_attempt_at=now)
 
 
 def defer(message_id: int, *, until: datetime) -> bool:
@@ -670,6 +669,10 @@ def recover_expired_lease(
                 lease_owner="",
                 lease_expires_at=None,
                 updated_at=now,
+                # An operator (and the fault schedules) can tell why it waited.
+                last_error=f"released: worker {message.lease_owner or '?'} lost its claim before any request"
+                if worker is None
+                else f"taken up again by worker {worker} after an outage, before any request",
             )
             return "released"
         outcome = CallOutcome(

@@ -159,7 +159,7 @@ class OutageWatch:
         with self._lock:
             if self._since is None:
                 self._since = time.time()
-                logger.warning("outage noted (%s): resuming once PostgreSQL and Redis answer again", what)
+                logger.warning("%s: resuming once PostgreSQL and Redis answer", what)
             self._ensure_thread()
         self._wake.set()
 

@@ -52,10 +52,15 @@ def tune_gc(**kwargs: Any) -> None:
 @worker_process_init.connect(dispatch_uid="project.watch_outages_in_child")
 def watch_outages(**kwargs: Any) -> None:
     """A worker process resumes the work an outage of PostgreSQL or Redis cut off as soon as
-    both answer again (outbox/workers.py OutageWatch, reconciliation/resume.py)."""
+    both answer again (outbox/workers.py OutageWatch, reconciliation/resume.py), and once
+    as it starts."""
     from outbox.workers import outage_watch
 
     outage_watch.start(watch_redis=True)
+    # A worker that starts (after a crash, a deploy) does not know what its predecessor's
+    # end lost in the broker (a probe's timer, a drain's wake-up): it hands on what waits
+    # in the rows once, as after an outage (one process of all does it).
+    outage_watch.note("this worker started")
 
 
 @task_failure.connect(dispatch_uid="project.note_outage")

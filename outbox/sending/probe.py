@@ -8,9 +8,10 @@ to keep, no retry budget spent) and it fails exactly as sends would, a 401 with 
 error, a 5xx or a refused connection with the outage. The sweeper still wakes a probe for
 an open circuit whose task was lost.
 
-When the circuit closes (a probe, or any send, succeeded; an operator resumed it), the
-retries the outage scheduled are made due now and the bot's drain is woken: the backlog
-leaves at the rate limiter's pace, not at the sweeper's ticks.
+When the circuit closes (a probe, or any send, succeeded; an operator resumed it), or a
+success ends failures too few to open it, the retries the outage scheduled are made due
+now and the bot's drain is woken: the backlog leaves at the rate limiter's pace, not at
+the sweeper's ticks.
 """
 
 from __future__ import annotations
@@ -78,16 +79,19 @@ def bot_circuit_probe(bot_id: int) -> str:
     return "probe-failed"
 
 
-def release_backlog(bot_id: int) -> int:
-    """The bot's circuit closed: the retries its outage scheduled (a transient failure, or
-    the auth refusal) are due now, and the drain sends them at the bot's rate. Returns how
-    many were made due."""
-    n = transitions.make_outage_retries_due(bot_id, now=timezone.now())
-    dispatch.wake_drain(bot_id)
-    if dispatch.drain_enabled():
+def release_backlog(bot_id: int, *, was_open: bool = True) -> int:
+    """The bot's circuit closed (`was_open`), or a success ended failures too few to open
+    it: the retries its outage scheduled (a transient failure, or the auth refusal) are due
+    now, and the drains send them at the bot's rate (after a close, also what fell due while
+    it was open). Returns how many were made due."""
+    replies, broadcasts = transitions.make_outage_retries_due(bot_id, now=timezone.now())
+    if was_open or replies:
+        dispatch.wake_drain(bot_id)
+    if dispatch.drain_enabled() and (was_open or broadcasts):
         dispatch.wake_bulk_drain(bot_id)
-    logger.info("bot %s: circuit closed; %s retries made due, its drain woken", bot_id, n)
-    return n
+    if was_open or replies or broadcasts:
+        logger.info("bot %s: %s retries made due, its drains woken", bot_id, replies + broadcasts)
+    return replies + broadcasts
 
 
 def _on_opened(bot_id: int, delay: float) -> None:
@@ -95,15 +99,15 @@ def _on_opened(bot_id: int, delay: float) -> None:
     transaction.on_commit(lambda: _quietly(schedule_probe, bot_id, delay))
 
 
-def _on_closed(bot_id: int) -> None:
-    transaction.on_commit(lambda: _quietly(release_backlog, bot_id))
+def _on_closed(bot_id: int, was_open: bool) -> None:
+    transaction.on_commit(lambda: _quietly(lambda bot: release_backlog(bot, was_open=was_open), bot_id))
 
 
 def _quietly(func: Callable[..., object], *args: object) -> None:
     try:
         func(*args)
     except Exception:  # the sweeper probes an open circuit and redispatches what is due
-        logger.exception("bot %s: %s failed", args[0], func.__name__)
+        logger.exception("bot %s: after its circuit moved, %s failed", args[0], getattr(func, "__name__", func))
 
 
 circuits.on_bot_opened.append(_on_opened)

@@ -255,3 +255,19 @@ def test_a_bot_whose_chats_hold_two_messages_each_recovers_after_an_outage(bot, 
     assert OutboundMessage.objects.filter(bot=bot, state=State.SENT).count() == 20
     for chat in range(10):
         assert sandbox.sent_texts(token=bot.token, chat_id=7000 + chat) == [f"chat {chat} reply {n}" for n in (1, 2)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_success_after_failures_too_few_to_open_the_circuit_releases_their_retries(bot) -> None:
+    scope = f"bot:{bot.pk}"
+    later = timezone.now() + timedelta(minutes=2)
+    waiting = message_row(bot, key="backed-off", chat_id=4000, state=State.RETRY, attempts=4, next_attempt_at=later)
+    OutboundMessage.objects.filter(pk=waiting.pk).update(last_error_class="transient")
+    circuits.record_failure(scope, reason="502")
+    assert Circuit.objects.get(scope=scope).state == CircuitState.CLOSED
+
+    circuits.record_success(scope)  # the Bot API answers again
+
+    assert Circuit.objects.get(scope=scope).consecutive_failures == 0
+    assert OutboundMessage.objects.get(pk=waiting.pk).next_attempt_at <= timezone.now()
+    assert [t.name for t in queued()] == ["outbox.drain_bot"]
