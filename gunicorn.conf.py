@@ -41,9 +41,13 @@ def post_worker_init(worker: object) -> None:
     """The worker has loaded the app: its startup heap out of the garbage collector's passes,
     which held requests up for tens of milliseconds, and its youngest generation collected
     less often (project/heap.py)."""
+    from outbox.workers import outage_watch
     from project.heap import tune_garbage_collector
 
     tune_garbage_collector()
+    # A wake-up that Redis failed (an update stored, its router not woken) is handed on as
+    # soon as Redis is back (reconciliation/resume.py), not at the sweeper's next tick.
+    outage_watch.start()
 
 
 def worker_exit(server: object, worker: object) -> None:

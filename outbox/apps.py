@@ -8,6 +8,7 @@ class OutboxConfig(AppConfig):
     def ready(self) -> None:
         from outbox import checks  # noqa: F401 - registers the system checks
         from outbox.effects import renew_effect_leases
+        from outbox.sending import probe  # noqa: F401 - schedules a bot's circuit probes, releases its backlog
         from outbox.workers import lease_keeper
 
         lease_keeper.register("effect", renew_effect_leases)

@@ -3,19 +3,22 @@ endpoint: ``consumer:<name>``).
 
 closed -> open: an auth error, or FAILURES_TO_OPEN failures in a row; the queue is kept and one
 alert is logged per opening. open -> half_open: at ``next_probe_at`` one caller wins and sends a
-single probe, under DOVECOTE_CIRCUIT_PROBE_LEASE_SECONDS. half_open -> closed on success (the
-sweeper then ramps the backlog, `ramp_allowance`); half_open -> open on failure, the next probe
-waiting twice as long. A manual pause has no probe and is lifted only by `resume`. The state
-machine: docs/ARCHITECTURE.md."""
+single probe (a bot's is a getMe task of its own, outbox/sending/probe.py, published for
+``next_probe_at``: probes come every few seconds while the outage lasts, not at the sweeper's
+ticks), under DOVECOTE_CIRCUIT_PROBE_LEASE_SECONDS. half_open -> closed on success: the retries
+the outage scheduled are made due at once and the drain sends them at the limiter's pace
+(`on_bot_closed`). half_open -> open on failure, the next probe waiting twice as long, up to
+the modest DOVECOTE_CIRCUIT_MAX_PROBE_SECONDS. A manual pause has no probe and is lifted only by
+`resume`. The state machine: docs/ARCHITECTURE.md."""
 
 from __future__ import annotations
 
 import logging
-import math
-from datetime import datetime, timedelta
+from collections.abc import Callable
+from datetime import timedelta
 
 from django.conf import settings
-from django.db.models import Case, F, Value, When
+from django.db.models import F
 from django.utils import timezone
 
 from outbox.models import Circuit, CircuitState
@@ -37,11 +40,6 @@ def _max_probe() -> float:
 def _probe_lease() -> float:
     return float(settings.DOVECOTE_CIRCUIT_PROBE_LEASE_SECONDS)
 
-
-# After a circuit closes, the sweeper releases this many of its backlog in the first tick
-# and doubles it each tick, until the bot's rate limit caps it.
-RAMP_FIRST_BATCH = 10
-RAMP_TICKS = 8
 
 _NOT_CLOSED = (CircuitState.OPEN, CircuitState.HALF_OPEN)
 
@@ -141,61 +139,65 @@ def _open(scope: str, *, reason: str) -> float:
 
 
 def open_for_auth(scope: str, *, reason: str) -> float:
-    return _open(scope, reason=f"auth: {reason}")
+    delay = _open(scope, reason=f"auth: {reason}")
+    _opened(scope, delay)
+    return delay
 
 
-def record_failure(scope: str, *, reason: str) -> None:
+def record_failure(scope: str, *, reason: str) -> float | None:
+    """Count a failure; open the circuit at FAILURES_TO_OPEN in a row (or when a probe
+    failed). Returns the seconds until its next probe while it is open, else None."""
     circuit, _ = Circuit.objects.get_or_create(scope=scope)
     Circuit.objects.filter(pk=circuit.pk).update(consecutive_failures=F("consecutive_failures") + 1)
     if circuit.state == CircuitState.HALF_OPEN or circuit.consecutive_failures + 1 >= FAILURES_TO_OPEN:
-        _open(scope, reason=f"{circuit.consecutive_failures + 1} failures in a row: {reason}")
+        delay = _open(scope, reason=f"{circuit.consecutive_failures + 1} failures in a row: {reason}")
+        _opened(scope, delay)
+        return delay
+    return None
+
+
+# Called with (bot id, seconds until the next probe) when a bot's circuit opens or a probe
+# fails, and with the bot id and whether it was open when it closes (or a success ends a
+# run of failures too few to open it): the
+# sending side schedules the probe and releases the backlog (outbox/sending/probe.py
+# registers them; this module sends nothing).
+on_bot_opened: list[Callable[[int, float], None]] = []
+on_bot_closed: list[Callable[[int, bool], None]] = []
+
+
+def _opened(scope: str, delay: float) -> None:
+    parsed = parse_scope(scope)
+    if parsed is not None and parsed[0] == "bot":
+        for hook in on_bot_opened:
+            hook(int(parsed[1]), delay)
+
+
+def _closed(scope: str, *, was_open: bool = True) -> None:
+    parsed = parse_scope(scope)
+    if parsed is not None and parsed[0] == "bot":
+        for hook in on_bot_closed:
+            hook(int(parsed[1]), was_open)
 
 
 def record_success(scope: str) -> None:
-    # Cheap on the hot path: touches only a circuit that is not already clean. The
-    # circuit's updated_at then says when it closed, which paces the backlog's ramp.
-    n = (
-        Circuit.objects.filter(scope=scope, manual=False)
-        .exclude(state=CircuitState.CLOSED, consecutive_failures=0)
-        .update(
-            state=CircuitState.CLOSED,
-            consecutive_failures=0,
-            next_probe_at=None,
-            reason="",
-            # Only a real close restarts the ramp; resetting a failure count does not.
-            updated_at=Case(When(state__in=_NOT_CLOSED, then=Value(timezone.now())), default=F("updated_at")),
-        )
+    # Called only for a circuit that is not already clean (the callers read it so). A
+    # close (open|half_open -> closed), or failures forgotten, is told to `on_bot_closed`
+    # once: the UPDATE that does it decides who.
+    now = timezone.now()
+    closed = Circuit.objects.filter(scope=scope, manual=False, state__in=_NOT_CLOSED).update(
+        state=CircuitState.CLOSED, consecutive_failures=0, next_probe_at=None, reason="", updated_at=now
     )
-    if n:
-        logger.info("circuit %s closed or reset", scope, extra={"scope": scope})
-
-
-def ramp_allowance(circuit: Circuit, *, cap: int, tick_seconds: float) -> int | None:
-    """How many of a recovering destination's backlog may be released this tick: None when
-    the circuit is not ramping (never opened, or closed long enough ago)."""
-    if circuit.state != CircuitState.CLOSED or circuit.opened_at is None or circuit.updated_at is None:
-        return None
-    ticks = max(0, math.floor((timezone.now() - circuit.updated_at).total_seconds() / max(tick_seconds, 1.0)))
-    if ticks >= RAMP_TICKS:
-        return None
-    allowance = RAMP_FIRST_BATCH * 2**ticks
-    if allowance >= cap:
-        return None
-    return allowance
-
-
-def bot_ramp_allowance(circuit: Circuit, *, rate: int | None) -> int | None:
-    """`ramp_allowance` for a bot's circuit, per sweeper tick, capped by the bot's rate."""
-    tick = float(settings.DOVECOTE_SWEEP_INTERVAL_SECONDS)
-    return ramp_allowance(circuit, cap=int((rate or 30) * tick), tick_seconds=tick)
-
-
-def ramping_since(circuit: Circuit | None, *, rate: int) -> datetime | None:
-    """When a recovering destination's circuit closed, while the sweeper still releases its
-    backlog gradually (the ramp); None otherwise. Senders leave that backlog to the ramp."""
-    if circuit is None or bot_ramp_allowance(circuit, rate=rate) is None:
-        return None
-    return circuit.updated_at
+    if closed:
+        logger.info("circuit %s closed", scope, extra={"scope": scope})
+        _closed(scope)
+        return
+    reset = Circuit.objects.filter(scope=scope, state=CircuitState.CLOSED, consecutive_failures__gt=0).update(
+        consecutive_failures=0
+    )
+    if reset:
+        # Failures short of opening it, then a success: the destination answers again, and
+        # what those failures put off need not wait out its backoff either.
+        _closed(scope, was_open=False)
 
 
 def pause(scope: str, *, reason: str) -> None:
@@ -214,12 +216,18 @@ def pause(scope: str, *, reason: str) -> None:
 
 
 def resume(scope: str) -> None:
-    """An operator lifts a pause (or an outage they fixed): closed, then ramp up."""
-    Circuit.objects.filter(scope=scope).exclude(state=CircuitState.CLOSED, manual=False).update(
-        state=CircuitState.CLOSED,
-        manual=False,
-        consecutive_failures=0,
-        next_probe_at=None,
-        reason="",
-        updated_at=timezone.now(),
+    """An operator lifts a pause (or an outage they fixed): closed, and the backlog released."""
+    n = (
+        Circuit.objects.filter(scope=scope)
+        .exclude(state=CircuitState.CLOSED, manual=False)
+        .update(
+            state=CircuitState.CLOSED,
+            manual=False,
+            consecutive_failures=0,
+            next_probe_at=None,
+            reason="",
+            updated_at=timezone.now(),
+        )
     )
+    if n:
+        _closed(scope)

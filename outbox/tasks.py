@@ -8,7 +8,7 @@ message was lost), and the task only re-publishes itself for that moment.
 from celery import shared_task
 
 from outbox.dispatch import dispatch
-from outbox.sending import batch, single
+from outbox.sending import batch, probe, single
 
 
 @shared_task(name="outbox.send_outbound_message", ignore_result=True)
@@ -28,3 +28,8 @@ def drain_bot(bot_id: int, extra: bool = False) -> str:
 @shared_task(name="outbox.drain_broadcasts", ignore_result=True)
 def drain_broadcasts(bot_id: int, timer: bool = False) -> str:
     return str(batch.outbound_broadcasts_drain(bot_id, timer=timer))
+
+
+@shared_task(name="outbox.probe_bot", ignore_result=True)
+def probe_bot(bot_id: int) -> str:
+    return probe.bot_circuit_probe(bot_id)

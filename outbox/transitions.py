@@ -381,6 +381,23 @@ def make_due(message_id: int, *, now: datetime) -> bool:
     return OutboundMessage.objects.filter(pk=message_id, state__in=WAITING).update(next_attempt_at=now) == 1
 
 
+def make_outage_retries_due(bot_id: int, *, now: datetime) -> tuple[int, int]:
+    """retry -> retry, due now, for the bot's messages whose last attempt the outage failed
+    (a transient error, an auth refusal) and whose backoff still runs: its circuit just
+    closed, so that wait no longer stands for anything. Never before a message's send_at.
+    Returns how many replies and how many broadcast messages were made due."""
+    from django.db.models import Q
+
+    outage = OutboundMessage.objects.filter(
+        bot_id=bot_id,
+        state=State.RETRY,
+        last_error_class__in=[ErrorClass.TRANSIENT, ErrorClass.AUTH],
+        next_attempt_at__gt=now,
+    ).filter(Q(send_at__isnull=True) | Q(send_at__lte=now))
+    replies = outage.filter(broadcast="").update(next_attempt_at=now)
+    return replies, outage.exclude(broadcast="").update(next_attempt_at=now)
+
+
 def defer(message_id: int, *, until: datetime) -> bool:
     """pending|retry stays waiting, due later (a rate-limit wait beyond a short countdown):
     the row, not the broker, holds long waits, so the sweeper does not redispatch early."""
@@ -573,17 +590,22 @@ def cancel_claimed(message: OutboundMessage, *, worker: str, reason: str, error_
     return n == 1
 
 
-def recover_expired_lease(message_id: int) -> str | None:
+def recover_expired_lease(
+    message_id: int, *, worker: str | None = None, claimed_before: datetime | None = None
+) -> str | None:
     """A worker died holding the send. With no request started (no open attempt) the
-    message goes back to retry; with an open attempt nobody knows: unknown."""
+    message goes back to retry; with an open attempt nobody knows: unknown. With `worker`
+    and `claimed_before`: that worker's claim from before then, whatever its lease (the
+    worker itself, whose task holding it failed with an outage: reconciliation/resume.py)."""
     now = timezone.now()
     with transaction.atomic():
         # Locked, so the worker (if it is only slow) cannot record its answer underneath us.
-        message = (
-            OutboundMessage.objects.select_for_update()
-            .filter(pk=message_id, state=State.SENDING, lease_expires_at__lt=now)
-            .first()
-        )
+        rows = OutboundMessage.objects.select_for_update().filter(pk=message_id, state=State.SENDING)
+        if worker is not None and claimed_before is not None:
+            rows = rows.filter(lease_owner=worker, updated_at__lt=claimed_before)
+        else:
+            rows = rows.filter(lease_expires_at__lt=now)
+        message = rows.first()
         if message is None:
             return None
         open_attempt = Attempt.objects.filter(
@@ -596,6 +618,10 @@ def recover_expired_lease(message_id: int) -> str | None:
                 lease_owner="",
                 lease_expires_at=None,
                 updated_at=now,
+                # An operator (and the fault schedules) can tell why it waited.
+                last_error=f"released: worker {message.lease_owner or '?'} lost its claim before any request"
+                if worker is None
+                else f"taken up again by worker {worker} after an outage, before any request",
             )
             return "released"
         outcome = CallOutcome(

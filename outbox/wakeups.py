@@ -60,6 +60,7 @@ def take(name: str, *, countdown: float = 0.0, nudge: bool = False) -> bool | No
         return bool(pipe.execute()[0])
     except redis.RedisError as exc:
         logger.warning("could not set %s: %s", name, exc)
+        _note_outage("a wake-up failed")
         return None
 
 
@@ -153,6 +154,7 @@ def nudge_if_held(name: str) -> bool | None:
         return bool(_nudge_if_held_script()(keys=[name, nudges_key(name)], args=[KEY_TTL_MS], client=client))
     except redis.RedisError as exc:
         logger.warning("could not nudge %s: %s", name, exc)
+        _note_outage("a wake-up failed")
         return None
 
 
@@ -189,6 +191,13 @@ def take_permit(name: str, holder: str, *, limit: int) -> bool:
 
 def return_permit(name: str, holder: str) -> None:
     _quietly("zrem", name, holder)
+
+
+def _note_outage(what: str) -> None:
+    # What the failed wake-up left is handed on as soon as Redis is back (outbox/workers.py).
+    from outbox.workers import outage_watch
+
+    outage_watch.note(what)
 
 
 def _quietly(command: str, *args: object) -> None:

@@ -15,6 +15,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -111,3 +112,135 @@ class LeaseKeeper:
 
 
 lease_keeper = LeaseKeeper()
+
+
+class OutageWatch:
+    """This process's watch for PostgreSQL or Redis going away and coming back.
+
+    Whatever meets one of them failing says so (`note`: a task that raised a database or
+    Redis error, a wake-up or a publish that failed). From then a thread of this process
+    looks every POLL_SECONDS; once both answer again it calls the registered resumers with
+    the moment the outage was first noted (reconciliation/resume.py: the runs and sends this
+    process had claimed are taken up again, and what waits in the rows is handed to workers),
+    so that the work cut off resumes within a second of the fault clearing, not at a lease's
+    end or the sweeper's next tick. A resumer that fails is tried again at the next look.
+
+    `start(watch_redis=True)` (a worker process) also keeps a key in Redis and notes an
+    outage when it finds the key gone: Redis restarted without its data, and with it the
+    broker's queued tasks, though this process met no error."""
+
+    POLL_SECONDS = 0.5
+    EPOCH_CHECK_SECONDS = 1.0
+
+    def __init__(self) -> None:
+        self._resumers: list[Callable[[float], None]] = []
+        self._lock = threading.Lock()
+        self._since: float | None = None
+        self._pid = 0
+        self._watch_redis = False
+        self._enabled = False  # started in a worker or web process; never in a test's own
+        self._wake = threading.Event()
+
+    def register(self, resume: Callable[[float], None]) -> None:
+        self._resumers.append(resume)
+
+    def start(self, *, watch_redis: bool = False) -> None:
+        with self._lock:
+            self._enabled = True
+            self._watch_redis = self._watch_redis or watch_redis
+            self._pid = 0  # a forked child starts its own thread
+            self._ensure_thread()
+
+    def note(self, what: str = "") -> None:
+        """PostgreSQL or Redis failed here: resume when both answer again (in a process
+        that started the watch)."""
+        if not self._enabled:
+            return
+        with self._lock:
+            if self._since is None:
+                self._since = time.time()
+                logger.warning("%s: resuming once PostgreSQL and Redis answer", what)
+            self._ensure_thread()
+        self._wake.set()
+
+    def pending(self) -> float | None:
+        """When the outage still to resume from was first noted, or None."""
+        return self._since
+
+    def _ensure_thread(self) -> None:
+        if self._pid == os.getpid():
+            return
+        self._pid = os.getpid()
+        threading.Thread(target=self._run, name="dovecote-outage-watch", daemon=True).start()
+
+    def _run(self) -> None:
+        last_epoch = 0.0
+        while True:
+            self._wake.wait(self.POLL_SECONDS if self._since is not None else self.EPOCH_CHECK_SECONDS)
+            self._wake.clear()
+            if self._watch_redis and time.monotonic() - last_epoch >= self.EPOCH_CHECK_SECONDS:
+                last_epoch = time.monotonic()
+                self._check_epoch()
+            if self._since is not None:
+                self.resume_if_back()
+
+    def _check_epoch(self) -> None:
+        import redis
+
+        from outbox import ratelimit
+
+        try:
+            if ratelimit.redis_client().set(epoch_key(), b"1", nx=True):
+                self.note("Redis lost its keys")
+        except redis.RedisError:
+            self.note("Redis unreachable")
+
+    def resume_if_back(self) -> bool:
+        """When both answer: run the resumers for the outage noted (True), else False."""
+        since = self._since
+        if since is None or not _both_answer():
+            return False
+        with self._lock:
+            self._since = None
+        from outbox import publishing
+
+        publishing.reset()  # publish at once, not after the broker-down backoff
+        try:
+            for resume in self._resumers:
+                resume(since)
+        except Exception:
+            logger.exception("resuming after the outage failed; trying again")
+            with self._lock:
+                self._since = since if self._since is None else min(since, self._since)
+            return False
+        finally:
+            from django.db import connection
+
+            connection.close()
+        return True
+
+
+def epoch_key() -> str:
+    return f"{settings.DOVECOTE_REDIS_PREFIX}dovecote:epoch"
+
+
+def _both_answer() -> bool:
+    import redis
+    from django.db import DatabaseError, connection
+
+    from outbox import ratelimit
+
+    try:
+        ratelimit.redis_client().set(epoch_key(), b"1")
+    except redis.RedisError:
+        return False
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+    except DatabaseError:
+        connection.close()
+        return False
+    return True
+
+
+outage_watch = OutageWatch()

@@ -4,6 +4,7 @@ from typing import Any
 
 from celery import Celery
 from celery.signals import (
+    task_failure,
     task_postrun,
     task_prerun,
     worker_init,
@@ -45,6 +46,35 @@ def tune_gc(**kwargs: Any) -> None:
     up, and in the main process once it is ready (the solo and threads pools run their tasks
     there)."""
     tune_garbage_collector()
+
+
+@worker_ready.connect(dispatch_uid="project.watch_outages_when_ready")
+@worker_process_init.connect(dispatch_uid="project.watch_outages_in_child")
+def watch_outages(**kwargs: Any) -> None:
+    """A worker process resumes the work an outage of PostgreSQL or Redis cut off as soon as
+    both answer again (outbox/workers.py OutageWatch, reconciliation/resume.py), and once
+    as it starts."""
+    from outbox.workers import outage_watch
+
+    outage_watch.start(watch_redis=True)
+    # A worker that starts (after a crash, a deploy) does not know what its predecessor's
+    # end lost in the broker (a probe's timer, a drain's wake-up): it hands on what waits
+    # in the rows once, as after an outage (one process of all does it).
+    outage_watch.note("this worker started")
+
+
+@task_failure.connect(dispatch_uid="project.note_outage")
+def note_outage(exception: BaseException | None = None, **kwargs: Any) -> None:
+    """A task that failed because PostgreSQL or Redis went away: its claims are taken up
+    again, by this process, once they are back."""
+    import redis
+    from django.db import InterfaceError, OperationalError
+    from kombu.exceptions import OperationalError as BrokerError
+
+    if isinstance(exception, OperationalError | InterfaceError | redis.RedisError | BrokerError):
+        from outbox.workers import outage_watch
+
+        outage_watch.note(f"{type(exception).__name__} in a task")
 
 
 @worker_process_shutdown.connect(dispatch_uid="project.metrics_ship")

@@ -328,10 +328,12 @@ DOVECOTE_SWEEP_LEASE_SECONDS = env.float("DOVECOTE_SWEEP_LEASE_SECONDS", default
 DOVECOTE_AMBIGUOUS_RESEND_DELAY_SECONDS = env.float("DOVECOTE_AMBIGUOUS_RESEND_DELAY_SECONDS", default=60.0)
 # A row due this long ago and not claimed is taken to have lost its broker message.
 DOVECOTE_REDISPATCH_GRACE_SECONDS = env.float("DOVECOTE_REDISPATCH_GRACE_SECONDS", default=30.0)
-# A bot's circuit: first probe after it opens, the longest wait between failed probes, and
-# how long a probe holds the circuit before another may be sent (its worker may have died).
-DOVECOTE_CIRCUIT_FIRST_PROBE_SECONDS = env.float("DOVECOTE_CIRCUIT_FIRST_PROBE_SECONDS", default=30.0)
-DOVECOTE_CIRCUIT_MAX_PROBE_SECONDS = env.float("DOVECOTE_CIRCUIT_MAX_PROBE_SECONDS", default=600.0)
+# A bot's circuit: first probe after it opens, the longest wait between failed probes (a probe
+# is one getMe, so every few seconds: the first answer after an outage waits at most this
+# long), and how long a probe holds the circuit before another may be sent (its worker may
+# have died).
+DOVECOTE_CIRCUIT_FIRST_PROBE_SECONDS = env.float("DOVECOTE_CIRCUIT_FIRST_PROBE_SECONDS", default=1.0)
+DOVECOTE_CIRCUIT_MAX_PROBE_SECONDS = env.float("DOVECOTE_CIRCUIT_MAX_PROBE_SECONDS", default=4.0)
 DOVECOTE_CIRCUIT_PROBE_LEASE_SECONDS = env.float("DOVECOTE_CIRCUIT_PROBE_LEASE_SECONDS", default=60.0)
 # A retention pass (payload purges, pruning) runs at most this often once it has finished
 # everything; while a backlog is left, every sweep continues it (reconciliation/retention.py).

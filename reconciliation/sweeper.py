@@ -32,6 +32,7 @@ from bots.models import Bot, ConsumerRun, InboundUpdate, RunState, UpdateState
 from outbox import chat_order, circuits, dispatch, metrics, policy, ratelimit
 from outbox import transitions as outbox_transitions
 from outbox.models import Circuit, CircuitState, ErrorClass, OnAmbiguous, OutboundMessage, State
+from outbox.sending import probe
 from reconciliation import retention, triage
 from reconciliation import services as reconciliation_services
 from reconciliation.models import BulkRetry, BulkState, CaseStatus, ReconciliationCase, SweeperLease
@@ -215,34 +216,21 @@ def _recover_sends(now: datetime, report: dict[str, int]) -> None:
 
 
 def _redispatch_sends(now: datetime, report: dict[str, int]) -> None:
-    """Due messages whose broker message was lost. A bot whose circuit is open gets one
-    message released when its probe is due (the send path takes the probe); a bot whose
-    circuit just closed gets a growing batch per tick (the ramp); the rest, a batch."""
-    tick = float(settings.DOVECOTE_SWEEP_INTERVAL_SECONDS)
-    recent = now - timedelta(seconds=tick * circuits.RAMP_TICKS)
+    """Due messages whose broker message was lost. A bot whose circuit is open gets its
+    probe woken when it is due (its task was lost: outbox/sending/probe.py); the rest, a
+    batch through their bots' drains."""
     special: list[int] = []
-    for circuit in Circuit.objects.filter(scope__startswith=circuits.BOT_PREFIX).filter(
-        Q(state__in=[CircuitState.OPEN, CircuitState.HALF_OPEN])
-        | Q(state=CircuitState.CLOSED, opened_at__isnull=False, updated_at__gte=recent)
+    for circuit in Circuit.objects.filter(
+        scope__startswith=circuits.BOT_PREFIX, state__in=[CircuitState.OPEN, CircuitState.HALF_OPEN]
     ):
         parsed = circuits.parse_scope(circuit.scope)
         if parsed is None:
             continue
         bot_id = int(parsed[1])
         special.append(bot_id)
-        if circuit.state != CircuitState.CLOSED:
-            probe_due = not circuit.manual and circuit.next_probe_at is not None and circuit.next_probe_at <= now
-            if probe_due:
-                # The probe is a chat's head that is due now: a later message of its chat
-                # would only wait for the head, and the probe's turn would pass unused.
-                probe = _ids(messages_due_qs(now, bot_id=bot_id, overdue_by=timedelta(0)), "next_attempt_at", 1)
-                report["messages_probes"] += dispatch.redispatch(probe, now, probe=True)
-            continue
-        rate = Bot.objects.filter(pk=bot_id).values_list("rate_limit", flat=True).first()
-        allowance = circuits.bot_ramp_allowance(circuit, rate=rate)
-        limit = BATCH if allowance is None else min(BATCH, allowance)
-        batch = _ids(messages_due_qs(now, bot_id=bot_id, overdue_by=timedelta(0)), "next_attempt_at", limit)
-        report["messages_ramped"] += dispatch.redispatch(batch, now)
+        probe_due = not circuit.manual and circuit.next_probe_at is not None and circuit.next_probe_at <= now
+        if probe_due and probe.schedule_probe(bot_id, 0.0):
+            report["messages_probes"] += 1
     qs = messages_due_qs(now)
     if special:
         qs = qs.exclude(bot_id__in=special)
@@ -396,7 +384,6 @@ def sweep() -> dict[str, int]:
             "messages_auto_resent",
             "messages_expired",
             "messages_probes",
-            "messages_ramped",
             "messages_redispatched",
             "messages_published_ahead",
             "broadcast_drains_woken",

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -255,3 +256,76 @@ def in_threads(n: int, target: Any, *args: Any) -> list:
     for t in threads:
         t.join(60)
     return results
+
+
+class PrivateRedis:
+    """A redis-server of the test's own on a free port (never the shared one), without
+    persistence: a restart loses every queue and key, as a crashed Redis without AOF does."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: Process | None = None
+
+    def start(self) -> float:
+        """Start it; returns when (time.time()) it took connections."""
+        args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        self.proc = Process("redis", args, dict(os.environ))
+        import redis
+
+        client = redis.Redis.from_url(self.url, socket_connect_timeout=0.5)
+
+        def up() -> bool:
+            try:
+                return bool(client.ping())
+            except redis.RedisError:
+                return False
+
+        wait_until(up, timeout=10, interval=0.02, message=f"redis-server on port {self.port}")
+        return time.time()
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.stop()
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.stop()
+
+
+class HeldEndpoint:
+    """An HTTP endpoint (a CRM's, say) that, while `hold` is set, keeps the first POST of each
+    Idempotency-Key waiting until `release` is set: a worker is then in the middle of its
+    runs. Each POST's key and time (time.time()) are recorded in `posts`."""
+
+    def __init__(self) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.posts: list[tuple[str, float]] = []
+        self.release = threading.Event()
+        self.hold = threading.Event()  # set: first requests wait (after the warm-up)
+        posts, release, hold = self.posts, self.release, self.hold
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # http.server's name
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                key = self.headers.get("Idempotency-Key", "")
+                first = all(k != key for k, _ in posts)
+                posts.append((key, time.time()))
+                if first and hold.is_set():
+                    release.wait(120)
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/leads"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.release.set()
+        self.server.shutdown()

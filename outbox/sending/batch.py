@@ -150,15 +150,14 @@ def outbound_messages_drain(bot_id: int, *, batch_size: int | None = None, extra
 
 
 def _claim_due(bot, circuit, *, worker: str, lease: timedelta, size: int, bulk: bool = False) -> list[OutboundMessage]:
-    """A batch of the bot's due messages of one lane (`bulk`: its broadcasts), claimed: only
-    those fallen due since its circuit closed, while the sweeper ramps the rest up."""
+    """A batch of the bot's due messages of one lane (`bulk`: its broadcasts), claimed
+    (none while its circuit is not closed)."""
     with uncommitted("before_claim_commit"):
         messages = transitions.claim_batch(
             bot_id=bot.pk,
             worker=worker,
             lease=lease,
             limit=size,
-            due_since=circuits.ramping_since(circuit, rate=bot.rate_limit),
             bulk=bulk,
         )
         if messages:

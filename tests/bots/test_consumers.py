@@ -348,7 +348,7 @@ def test_a_run_whose_task_comes_after_its_max_age_is_cancelled_with_a_reason_not
 def test_an_auth_error_pauses_the_consumer_and_keeps_its_runs(bot, crm: FakeCRM) -> None:
     refused: list[str] = []
     crm.handle = lambda *args: refused.append(args[0]) or (401, {"error": "bad api key"})  # type: ignore[method-assign]
-    with override_settings(DOVECOTE_CRM_WEBHOOK_URL=crm.url):
+    with override_settings(DOVECOTE_CRM_WEBHOOK_URL=crm.url, DOVECOTE_CIRCUIT_FIRST_PROBE_SECONDS=30):
         first = receive(bot, message_update(chat_id=1, text="a", message_id=1))
         second = receive(bot, message_update(chat_id=2, text="b", message_id=1))
         assert execute(first, "crm_webhook") == "paused"

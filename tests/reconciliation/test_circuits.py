@@ -1,5 +1,6 @@
 """Circuit breakers: one alert per outage, one half-open probe at a time, closed on a
-successful probe, then the backlog drains in a growing batch per sweeper tick."""
+successful probe (a getMe task published for the probe's time), then the backlog released
+to the bot's drain at once."""
 
 from __future__ import annotations
 
@@ -13,13 +14,14 @@ from django.db import connections
 from django.test import override_settings
 from django.utils import timezone
 
-from outbox import circuits
+from outbox import circuits, wakeups
 from outbox.models import Circuit, CircuitState, OutboundMessage, State
+from outbox.sending import probe
 from outbox.sending.single import outbound_message_send
 from outbox.services import outbound_message_enqueue
 from reconciliation.sweeper import sweep
 from tests.reconciliation.factories import message_row
-from tests.support import METRICS_AUTH
+from tests.support import METRICS_AUTH, queued
 
 NO_GRACE = {"DOVECOTE_REDISPATCH_GRACE_SECONDS": 0, "DOVECOTE_SWEEP_INTERVAL_SECONDS": 15}
 
@@ -133,28 +135,69 @@ def test_an_operator_pause_has_no_probe(db: None) -> None:
     assert circuits.allow("consumer:crm")
 
 
-def test_the_sweeper_releases_one_probe_for_an_open_bot_and_ramps_its_backlog_after_it_closes(bot) -> None:
+@pytest.mark.django_db(transaction=True)
+def test_an_open_bot_is_probed_by_a_task_of_its_own_and_its_backlog_released_when_it_closes(bot, sandbox) -> None:
     scope = f"bot:{bot.pk}"
     past = timezone.now() - timedelta(minutes=5)
-    for i in range(100):
+    later = timezone.now() + timedelta(minutes=5)
+    for i in range(20):
         message_row(bot, key=f"backlog-{i}", chat_id=1000 + i, next_attempt_at=past)
-    circuits.open_for_auth(scope, reason="Unauthorized")
-
+    # Retries the outage scheduled far ahead (backoff), one a 429's, one not before its send_at.
+    outage = [
+        message_row(bot, key=f"outage-{i}", chat_id=2000 + i, state=State.RETRY, attempts=3, next_attempt_at=later)
+        for i in range(3)
+    ]
+    OutboundMessage.objects.filter(pk__in=[m.pk for m in outage]).update(last_error_class="transient")
+    flood = message_row(bot, key="flood", chat_id=3000, state=State.RETRY, attempts=1, next_attempt_at=later)
+    OutboundMessage.objects.filter(pk=flood.pk).update(last_error_class="rate_limited")
+    scheduled = message_row(bot, key="scheduled", chat_id=3001, state=State.RETRY, attempts=1, next_attempt_at=later)
+    OutboundMessage.objects.filter(pk=scheduled.pk).update(last_error_class="transient", send_at=later)
+    sandbox.fault("401")
     with override_settings(**NO_GRACE):
-        assert sweep()["messages_redispatched"] == 0  # open: nothing but the probe, when due
+        delay = circuits.open_for_auth(scope, reason="Unauthorized")
+        assert delay == settings.DOVECOTE_CIRCUIT_FIRST_PROBE_SECONDS
+        # Opening it published the probe for its time (one, however many failures follow).
+        circuits.record_failure(scope, reason="502")
+        assert [t.name for t in queued()] == ["outbox.probe_bot"]
+        clear_queue()
+        assert sweep()["messages_redispatched"] == 0  # open: nothing is sent but the probe
+
+        assert probe.bot_circuit_probe(bot.pk) == "not-due"
+        assert [t.name for t in queued()] == ["outbox.probe_bot"]  # it comes back when due
+        clear_queue()
         probe_due(scope)
-        assert sweep()["messages_probes"] == 1
+        assert probe.bot_circuit_probe(bot.pk) == "probe-failed"  # the token is still refused
+        circuit = Circuit.objects.get(scope=scope)
+        assert circuit.state == CircuitState.OPEN
+        assert [t.name for t in queued()] == ["outbox.probe_bot"]  # the next one, scheduled
+        clear_queue()
 
-        circuits.try_probe(scope)
-        circuits.record_success(scope)  # the probe went through
-        first = sweep()["messages_ramped"]
-        Circuit.objects.filter(scope=scope).update(updated_at=timezone.now() - timedelta(seconds=15))
-        second = sweep()["messages_ramped"]
-        Circuit.objects.filter(scope=scope).update(updated_at=timezone.now() - timedelta(seconds=30))
-        third = sweep()["messages_ramped"]
+        probe_due(scope)
+        wakeups.release(probe.probe_key(bot.pk))  # the probe task was lost, its key expired
+        assert sweep()["messages_probes"] == 1  # the sweeper wakes one
+        assert [t.name for t in queued()] == ["outbox.probe_bot"]
+        clear_queue()
 
-    n = circuits.RAMP_FIRST_BATCH
-    assert (first, second, third) == (n, 2 * n, 4 * n)
+        sandbox.clear_faults()
+        probe_due(scope)
+        assert probe.bot_circuit_probe(bot.pk) == "closed-by-probe"
+
+    assert Circuit.objects.get(scope=scope).state == CircuitState.CLOSED
+    assert [c["method"] for c in sandbox.calls(token=bot.token)] == ["getMe", "getMe"]
+    # The backlog goes to the bot's drain at once, the outage's retries due now.
+    assert [t.name for t in queued()] == ["outbox.drain_bot"]
+    now = timezone.now()
+    assert all(m.next_attempt_at <= now for m in OutboundMessage.objects.filter(pk__in=[m.pk for m in outage]))
+    assert OutboundMessage.objects.get(pk=flood.pk).next_attempt_at > now
+    assert OutboundMessage.objects.get(pk=scheduled.pk).next_attempt_at > now
+
+
+def clear_queue() -> None:
+    import redis
+
+    redis.Redis.from_url(settings.REDIS_URL).delete(
+        f"{settings.DOVECOTE_REDIS_PREFIX}{settings.CELERY_TASK_DEFAULT_QUEUE}"
+    )
 
 
 def _run_queued_sends() -> None:
@@ -174,6 +217,8 @@ def _run_queued_sends() -> None:
             outbound_message_send(task.args[0])
         elif task.name == "outbox.drain_bot":
             outbound_messages_drain(task.args[0])
+        elif task.name == "outbox.probe_bot":
+            probe.bot_circuit_probe(task.args[0])
 
 
 @override_settings(**NO_GRACE, DOVECOTE_RATE_LIMITS_ENABLED=False)
@@ -210,3 +255,19 @@ def test_a_bot_whose_chats_hold_two_messages_each_recovers_after_an_outage(bot, 
     assert OutboundMessage.objects.filter(bot=bot, state=State.SENT).count() == 20
     for chat in range(10):
         assert sandbox.sent_texts(token=bot.token, chat_id=7000 + chat) == [f"chat {chat} reply {n}" for n in (1, 2)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_success_after_failures_too_few_to_open_the_circuit_releases_their_retries(bot) -> None:
+    scope = f"bot:{bot.pk}"
+    later = timezone.now() + timedelta(minutes=2)
+    waiting = message_row(bot, key="backed-off", chat_id=4000, state=State.RETRY, attempts=4, next_attempt_at=later)
+    OutboundMessage.objects.filter(pk=waiting.pk).update(last_error_class="transient")
+    circuits.record_failure(scope, reason="502")
+    assert Circuit.objects.get(scope=scope).state == CircuitState.CLOSED
+
+    circuits.record_success(scope)  # the Bot API answers again
+
+    assert Circuit.objects.get(scope=scope).consecutive_failures == 0
+    assert OutboundMessage.objects.get(pk=waiting.pk).next_attempt_at <= timezone.now()
+    assert [t.name for t in queued()] == ["outbox.drain_bot"]

@@ -1,0 +1,114 @@
+"""A bot's circuit probe, and the release of its backlog when the circuit closes.
+
+While a bot's circuit is open nothing of its queue is sent, and nothing it holds would
+wake anyone: so whenever the circuit opens or a probe fails (outbox/circuits.py), a probe
+task is published for `next_probe_at` (one per bot: a wake-up key coalesces them). The
+probe is one getMe with the bot's token: it needs no message of the queue (no chat's order
+to keep, no retry budget spent) and it fails exactly as sends would, a 401 with the auth
+error, a 5xx or a refused connection with the outage. The sweeper still wakes a probe for
+an open circuit whose task was lost.
+
+When the circuit closes (a probe, or any send, succeeded; an operator resumed it), or a
+success ends failures too few to open it, the retries the outage scheduled are made due
+now and the bot's drain is woken: the backlog leaves at the rate limiter's pace, not at
+the sweeper's ticks.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from django.db import transaction
+from django.utils import timezone
+
+from outbox import botapi, circuits, dispatch, policy, transitions, wakeups
+from outbox.models import Circuit, CircuitState
+from outbox.publishing import publish
+
+logger = logging.getLogger(__name__)
+
+
+def probe_key(bot_id: int) -> str:
+    return wakeups.key("probe", bot_id)
+
+
+def schedule_probe(bot_id: int, countdown: float) -> bool:
+    """Publish the bot's probe for `countdown` seconds from now, unless one is coming."""
+    countdown = max(0.0, min(countdown, policy.MAX_BROKER_COUNTDOWN_SECONDS))
+    return wakeups.wake(probe_key(bot_id), lambda: _publish_probe(bot_id, countdown), countdown=countdown) is True
+
+
+def _publish_probe(bot_id: int, countdown: float) -> bool:
+    from outbox.tasks import probe_bot
+
+    return publish(probe_bot, (bot_id,), countdown=countdown, what=f"circuit probe of bot {bot_id}")
+
+
+def bot_circuit_probe(bot_id: int) -> str:
+    """The probe task: when the bot's circuit is open and its probe due, win the half-open
+    state and send one getMe; its outcome closes the circuit (the backlog is released) or
+    opens it again with the next probe scheduled. Returns what it did."""
+    wakeups.release(probe_key(bot_id))
+    scope = circuits.bot_scope(bot_id)
+    circuit = Circuit.objects.filter(scope=scope).first()
+    if circuit is None or circuit.state == CircuitState.CLOSED:
+        return "closed"
+    if circuit.manual:
+        return "paused"  # an operator's pause: no probe until resumed
+    now = timezone.now()
+    if circuit.next_probe_at is not None and circuit.next_probe_at > now:
+        # Early (another probe is out, holding it half-open), or rescheduled meanwhile.
+        schedule_probe(bot_id, (circuit.next_probe_at - now).total_seconds())
+        return "not-due"
+    if not circuits.try_probe(scope):
+        return "probing-elsewhere"
+    from bots.models import Bot
+
+    bot = Bot.objects.filter(pk=bot_id).first()
+    if bot is None:
+        return "no-bot"
+    outcome = botapi.call(token=bot.token, base_url=bot.api_base_url, method="getMe", params={}, bot_name=bot.name)
+    if outcome.ok:
+        circuits.record_success(scope)
+        return "closed-by-probe"
+    if outcome.error_class == "auth":
+        circuits.open_for_auth(scope, reason=outcome.description)
+    else:
+        circuits.record_failure(scope, reason=outcome.description)
+    return "probe-failed"
+
+
+def release_backlog(bot_id: int, *, was_open: bool = True) -> int:
+    """The bot's circuit closed (`was_open`), or a success ended failures too few to open
+    it: the retries its outage scheduled (a transient failure, or the auth refusal) are due
+    now, and the drains send them at the bot's rate (after a close, also what fell due while
+    it was open). Returns how many were made due."""
+    replies, broadcasts = transitions.make_outage_retries_due(bot_id, now=timezone.now())
+    if was_open or replies:
+        dispatch.wake_drain(bot_id)
+    if dispatch.drain_enabled() and (was_open or broadcasts):
+        dispatch.wake_bulk_drain(bot_id)
+    if was_open or replies or broadcasts:
+        logger.info("bot %s: %s retries made due, its drains woken", bot_id, replies + broadcasts)
+    return replies + broadcasts
+
+
+def _on_opened(bot_id: int, delay: float) -> None:
+    # After the commit that opened it (now, outside a transaction): the probe reads it.
+    transaction.on_commit(lambda: _quietly(schedule_probe, bot_id, delay))
+
+
+def _on_closed(bot_id: int, was_open: bool) -> None:
+    transaction.on_commit(lambda: _quietly(lambda bot: release_backlog(bot, was_open=was_open), bot_id))
+
+
+def _quietly(func: Callable[..., object], *args: object) -> None:
+    try:
+        func(*args)
+    except Exception:  # the sweeper probes an open circuit and redispatches what is due
+        logger.exception("bot %s: after its circuit moved, %s failed", args[0], getattr(func, "__name__", func))
+
+
+circuits.on_bot_opened.append(_on_opened)
+circuits.on_bot_closed.append(_on_closed)

@@ -1,0 +1,116 @@
+"""Resuming after PostgreSQL or Redis came back (outbox/workers.py OutageWatch calls `resume`).
+
+Without it, the work an outage cut off waited for the sweeper: a run whose task failed
+mid-way stayed `running` until its lease ran out, a send it had claimed until the send's
+lease did, and the tasks a restarted Redis lost until their rows were a redispatch grace
+overdue: tens of seconds to minutes after the fault had cleared. Here:
+
+1. This process takes up what it had claimed before the outage and holds no more: its
+   runs go back to retry, due now, the attempt given back, and are dispatched; its sends
+   are released (no request started) or, with a request that may have gone, unknown with
+   a case, as the sweeper would decide at their lease's end.
+2. Once per outage for all processes (a key in Redis decides which): the bots with new
+   updates get a router, the due runs a task, the bots with due messages their drains,
+   and open circuits their probe. The routers' and drains' wake-up keys are let go
+   first: a task the outage failed left its key standing for a few seconds more, and a
+   second router or drain is something the wake-up protocol allows.
+
+Everything handed on starts with a claim, so a task that survived the outage and a task
+published here never do the same work twice.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import redis
+from django.conf import settings
+from django.utils import timezone
+
+from bots import services as bot_services
+from bots import transitions as bot_transitions
+from bots.models import ConsumerRun, InboundUpdate, RunState, UpdateState
+from outbox import circuits, dispatch, ratelimit, wakeups
+from outbox import transitions as outbox_transitions
+from outbox.models import Circuit, CircuitState, OutboundMessage, State
+from outbox.sending import probe
+from outbox.workers import worker_id
+
+logger = logging.getLogger(__name__)
+
+# At most this many rows of each kind per pass: more is the sweeper's.
+BATCH = 500
+# The pass for all processes runs once within this long.
+ONCE_MS = 3_000
+
+
+def resume(since: float) -> dict[str, int]:
+    """Take up this process's claims from before `since` (a time.time()), then, once for all
+    processes, hand on what waits. Returns what it did."""
+    from datetime import UTC, datetime
+
+    before = datetime.fromtimestamp(since, tz=UTC)
+    report = own_claims(before)
+    if _first_to_resume():
+        report.update(hand_on_waiting())
+    logger.warning("resumed after an outage noted at %s: %s", before.isoformat(), report)
+    return report
+
+
+def own_claims(before) -> dict[str, int]:
+    """Step 1: the runs and sends this process claimed before `before`."""
+    worker = worker_id()
+    runs = bot_transitions.release_own_runs(worker=worker, claimed_before=before)
+    for pk in runs:
+        bot_services.dispatch_run(pk)
+    sends = {"released": 0, "unknown": 0}
+    released = []
+    claimed = OutboundMessage.objects.filter(state=State.SENDING, lease_owner=worker, updated_at__lt=before)
+    for pk in claimed.values_list("pk", flat=True)[:BATCH]:
+        outcome = outbox_transitions.recover_expired_lease(pk, worker=worker, claimed_before=before)
+        if outcome in sends:
+            sends[outcome] += 1
+        if outcome == "released":
+            released.append(pk)
+    dispatch.hand_on(released, drained=True)
+    return {"runs_retried": len(runs), "sends_released": sends["released"], "sends_unknown": sends["unknown"]}
+
+
+def _first_to_resume() -> bool:
+    try:
+        key = f"{settings.DOVECOTE_REDIS_PREFIX}dovecote:resume"
+        return bool(ratelimit.redis_client().set(key, b"1", nx=True, px=ONCE_MS))
+    except redis.RedisError:
+        return True  # Redis went again: better twice than not at all
+
+
+def hand_on_waiting() -> dict[str, int]:
+    """Step 2: routers for new updates, tasks for due runs, drains for due messages, probes
+    for open circuits."""
+    now = timezone.now()
+    report = {"routers": 0, "runs_dispatched": 0, "drains": 0, "probes": 0}
+    new = InboundUpdate.objects.filter(state=UpdateState.NEW, next_attempt_at__lte=now)
+    for bot_id in new.order_by().values_list("bot_id", flat=True).distinct()[:BATCH]:
+        wakeups.release(wakeups.key("router", bot_id))
+        report["routers"] += bool(bot_services.inbox_router_wake(bot_id))
+    due_runs = ConsumerRun.objects.filter(state__in=[RunState.PENDING, RunState.RETRY], next_attempt_at__lte=now)
+    for pk, consumer in due_runs.order_by("next_attempt_at").values_list("pk", "consumer")[:BATCH]:
+        report["runs_dispatched"] += bool(bot_services.dispatch_run(pk, consumer=consumer))
+    due = OutboundMessage.objects.filter(state__in=[State.PENDING, State.RETRY], next_attempt_at__lte=now)
+    for bot_id, broadcast in due.order_by().values_list("bot_id", "broadcast").distinct()[:BATCH]:
+        if broadcast:
+            wakeups.release(dispatch.bulk_drain_key(bot_id))
+            report["drains"] += bool(dispatch.wake_bulk_drain(bot_id))
+        else:
+            wakeups.release(dispatch.drain_key(bot_id))
+            report["drains"] += bool(dispatch.wake_drain(bot_id))
+    for circuit in Circuit.objects.filter(
+        scope__startswith=circuits.BOT_PREFIX, state__in=[CircuitState.OPEN, CircuitState.HALF_OPEN], manual=False
+    ):
+        parsed = circuits.parse_scope(circuit.scope)
+        if parsed is None or circuit.next_probe_at is None:
+            continue
+        wakeups.release(probe.probe_key(int(parsed[1])))
+        wait = max(0.0, (circuit.next_probe_at - now).total_seconds())
+        report["probes"] += bool(probe.schedule_probe(int(parsed[1]), wait))
+    return report
