@@ -17,6 +17,17 @@ transient (a bug is retried a few times, then dead-lettered). Raise `Defer(until
 again later without spending an attempt (auto-reply waits for a chat's burst this way).
 A string the consumer returns is stored on the run as its outcome.
 
+A consumer may be an `async def` (a model, a CRM: work that waits on the network). Its runs
+go on its worker process's event loop, hundreds at once (bots/aio.py), with the same claim,
+lease, time limit and settling; it reaches the database through `await ctx.db(fn, ...)`,
+`await ctx.areply(...)` and `await ctx.asend(...)`, each a synchronous step run whole in a
+small pool of threads (never a transaction across an `await`)::
+
+    @consumer("summarise", update_types=["message"])
+    async def summarise(ctx):
+        answer = await my_model(ctx.text)
+        await ctx.areply(answer)
+
 A run is interrupted after its consumer's `timeout` (default DOVECOTE_CONSUMER_TIMEOUT_SECONDS;
 Celery's soft time limit, so a prefork or gevent worker) and that counts as a failed, transient
 attempt. Meanwhile its worker renews the run's short lease (outbox/workers.py): a dead worker's
@@ -25,16 +36,19 @@ run is taken over within DOVECOTE_CONSUMER_LEASE_SECONDS, a live one's never.
 
 from __future__ import annotations
 
+import inspect
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.utils.module_loading import autodiscover_modules
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     import telegram
@@ -63,6 +77,10 @@ class AuthError(ConsumerError):
     """The destination refuses our credentials: pause the consumer, keep its runs."""
 
     error_class = "auth"
+
+
+class TimedOut(TransientError):
+    """An awaiting run was still running at its time limit (bots/aio.py): a failed attempt."""
 
 
 class Defer(Exception):
@@ -118,6 +136,9 @@ class ConsumerSpec:
     timeout: float | None = None
     inline: bool | Callable[[InboundUpdate], bool] = False
     batch: Callable[[list[ConsumerContext]], Sequence[Any] | None] | None = None
+    # The consumer's awaiting form, and when it is used (a callable decides per update).
+    async_func: Callable[[ConsumerContext], Awaitable[Any]] | None = None
+    awaits: bool | Callable[[InboundUpdate], bool] = False
 
     def wants(self, update: InboundUpdate) -> bool:
         if not self.enabled():
@@ -131,8 +152,18 @@ class ConsumerSpec:
         the consumer said it is cheap and synchronous for such an update."""
         return self.inline(update) if callable(self.inline) else self.inline
 
+    def runs_async(self, update: InboundUpdate) -> bool:
+        """Whether this update's run goes on the worker's event loop (bots/aio.py): never
+        with DOVECOTE_ASYNC_CONCURRENCY 0 (a Celery task then waits for it)."""
+        from django.conf import settings
+
+        if self.async_func is None or settings.DOVECOTE_ASYNC_CONCURRENCY <= 0:
+            return False
+        return self.awaits(update) if callable(self.awaits) else self.awaits
+
     def time_limit(self) -> float:
-        """Seconds a run may take before it is interrupted (Celery's soft time limit)."""
+        """Seconds a run may take before it is interrupted (Celery's soft time limit; an
+        awaiting run's `asyncio.timeout`)."""
         from django.conf import settings
 
         return float(self.timeout if self.timeout is not None else settings.DOVECOTE_CONSUMER_TIMEOUT_SECONDS)
@@ -160,6 +191,8 @@ def consumer(
     timeout: float | None = None,
     inline: bool | Callable[[InboundUpdate], bool] = False,
     batch: Callable[[list[ConsumerContext]], Sequence[Any] | None] | None = None,
+    awaiting: Callable[[ConsumerContext], Awaitable[Any]] | None = None,
+    awaits: bool | Callable[[InboundUpdate], bool] = True,
 ) -> Callable[[Callable[[ConsumerContext], Any]], Callable[[ConsumerContext], Any]]:
     """Register a consumer under a stable name (the name is stored in runs and keys).
 
@@ -175,11 +208,20 @@ def consumer(
     which a batch cannot answer for one run). If it raises, nothing is settled from it:
     each run is then tried alone with the consumer itself, its failure settled for that
     run only, so whatever the batch wrote before it failed must be safe to write again
-    (stable keys, insert once)."""
+    (stable keys, insert once).
+
+    An `async def` consumer runs on the worker's event loop (bots/aio.py); it cannot be
+    `inline` nor have a `batch`. `awaiting`: a synchronous consumer's awaiting form, used for
+    the updates `awaits` picks (auto_reply awaits a model, answers an echo at once)."""
 
     def decorator(func: Callable[[ConsumerContext], Any]) -> Callable[[ConsumerContext], Any]:
         if name in _registry and _registry[name].func is not func:
             raise ValueError(f"a consumer named {name!r} is already registered")
+        async_func = awaiting
+        if inspect.iscoroutinefunction(func):
+            if inline or batch is not None:
+                raise ValueError(f"consumer {name!r} is an async def: it cannot be inline nor have a batch")
+            async_func = func
         _registry[name] = ConsumerSpec(
             name=name,
             func=func,
@@ -192,6 +234,8 @@ def consumer(
             timeout=timeout,
             inline=inline,
             batch=batch,
+            async_func=async_func,
+            awaits=awaits if async_func is not None else False,
         )
         return func
 
@@ -239,6 +283,7 @@ class ConsumerContext:
         self.trace_id = trace_id
         self.attempt = attempt
         self._sent = 0
+        self._turn: Awaitable[Any] | None = None  # set by bots/aio.py for an awaiting run
 
     @property
     def bot(self) -> Bot:
@@ -313,6 +358,31 @@ class ConsumerContext:
             "user_id": self.update.user_id,
             **options,
         }
+
+    # --- for awaiting consumers (bots/aio.py) -------------------------------------------
+
+    async def db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run `fn(*args, **kwargs)`, synchronous database work, whole in one of the
+        worker's database threads (a transaction it opens ends before it returns)."""
+        from bots import aio
+
+        return await aio.db(fn, *args, **kwargs)
+
+    async def areply(self, text: str, **payload: Any) -> OutboundMessage:
+        """`reply` from an awaiting consumer."""
+        return await self.db(self.reply, text, **payload)
+
+    async def asend(self, **kwargs: Any) -> OutboundMessage:
+        """`send` from an awaiting consumer."""
+        return await self.db(lambda: self.send(**kwargs))
+
+    async def in_turn(self) -> None:
+        """Wait until the runs of this consumer for the chat's earlier updates, started
+        before this one on this worker, have ended: call it before writing an answer, so
+        that the answers of a chat go out in the order of its messages even when the later
+        one's model answered first. Outside an awaiting run, at once."""
+        if self._turn is not None:
+            await self._turn
 
     def effect_key(self, operation: str) -> str:
         """One key per effect: (bot, update, consumer, operation). A retry of this run
