@@ -45,7 +45,7 @@ from django.db import DatabaseError, close_old_connections, connection
 
 from outbox import botapi, metrics
 from outbox.logs import current_trace_id
-from outbox.workers import lease_keeper
+from outbox.workers import lease_keeper, worker_id
 
 if TYPE_CHECKING:
     import httpx
@@ -70,7 +70,7 @@ class _Process:
         self.pid = os.getpid()
         self.slots = threading.Semaphore(settings.DOVECOTE_ASYNC_CONCURRENCY)
         self.pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=settings.DOVECOTE_ASYNC_DB_CONNECTIONS, thread_name_prefix="dovecote-db"
+            max_workers=settings.DOVECOTE_ASYNC_DB_CONNECTIONS, thread_name_prefix=DB_THREAD_PREFIX
         )
         self.lock = threading.Lock()
         self.in_flight = 0
@@ -139,6 +139,17 @@ async def db(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     return await asyncio.get_running_loop().run_in_executor(_proc().pool, step)
 
 
+DB_THREAD_PREFIX = "dovecote-db"
+
+
+def name_connection(sender: Any, connection: Any, **kwargs: Any) -> None:
+    """A database thread's PostgreSQL connection says whose it is (pg_stat_activity's
+    application_name): an operator, and bench/ai_crowd.py, count them per worker process."""
+    if connection.vendor == "postgresql" and threading.current_thread().name.startswith(DB_THREAD_PREFIX):
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT set_config('application_name', %s, false)", [f"dovecote-aio:{os.getpid()}"])
+
+
 def _db_step(fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:
     # What Django does around a request, here around each step: a connection broken by a
     # restart of PostgreSQL is dropped, and the next step opens a new one.
@@ -159,8 +170,11 @@ def http_client() -> httpx.AsyncClient:
     proc = _proc()
     if proc.http is None:
         size = settings.DOVECOTE_ASYNC_CONCURRENCY
+        # The worker in the User-Agent: the other side's logs (and the bench's fake model) can
+        # tell how many calls each worker process has in flight.
         proc.http = httpx.AsyncClient(
             limits=httpx.Limits(max_connections=size, max_keepalive_connections=size),
+            headers={"User-Agent": f"dovecote ({worker_id()})"},
         )
     return proc.http
 
@@ -295,7 +309,7 @@ def start_routed(runs: list[ConsumerRun], *, timeout: float) -> list[ConsumerRun
     from bots import services, transitions
     from outbox import circuits
     from outbox.models import Circuit
-    from outbox.workers import claim_lease, worker_id
+    from outbox.workers import claim_lease
 
     if not runs:
         return []

@@ -34,6 +34,10 @@ class FakeModel:
         self.peak = 0
         self.calls = 0
         self.answered = 0
+        # Calls in flight now and at peak per caller (its User-Agent: a Dovecote worker names
+        # its process there).
+        self.by_caller: dict[str, int] = {}
+        self.peak_by_caller: dict[str, int] = {}
         self.call_times: list[float] = []
         self.requests: list[dict[str, Any]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -56,10 +60,17 @@ class FakeModel:
             self._loop.call_soon_threadsafe(self._server.close)
 
     def stats(self) -> dict[str, Any]:
-        return {"in_flight": self.in_flight, "peak": self.peak, "calls": self.calls, "answered": self.answered}
+        return {
+            "in_flight": self.in_flight,
+            "peak": self.peak,
+            "calls": self.calls,
+            "answered": self.answered,
+            "peak_by_caller": dict(self.peak_by_caller),
+        }
 
     def reset(self) -> None:
         self.peak, self.calls, self.answered = self.in_flight, 0, 0
+        self.peak_by_caller = dict(self.by_caller)
         self.call_times.clear()
         self.requests.clear()
 
@@ -114,8 +125,11 @@ class FakeModel:
         last = next((m["content"] for m in reversed(body.get("messages") or []) if m.get("role") == "user"), "")
         self.call_times.append(time.time())
         self.requests.append({"path": path, "headers": headers, "body": body, "text": last, "at": time.time()})
+        caller = headers.get("user-agent", "")
         self.in_flight += 1
         self.peak = max(self.peak, self.in_flight)
+        self.by_caller[caller] = self.by_caller.get(caller, 0) + 1
+        self.peak_by_caller[caller] = max(self.peak_by_caller.get(caller, 0), self.by_caller[caller])
         try:
             if self.mode == "status":
                 return int(self.status), {"error": {"message": f"fake status {self.status}"}}
@@ -124,6 +138,7 @@ class FakeModel:
             await asyncio.sleep(float(self.delay) * (3 if last.startswith("slow") else 1))
         finally:
             self.in_flight -= 1
+            self.by_caller[caller] -= 1
         self.answered += 1
         return 200, {
             "id": f"chatcmpl-{self.calls}",
