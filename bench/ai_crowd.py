@@ -162,7 +162,40 @@ def report(name: str, pushed: dict[int, float], calls: list[dict[str, Any]], sta
     print(f"  last answer        {last:.2f} s after the first update")
     print(f"  wait per update    p50 {statistics.median(waits):.2f} s, max {waits[-1]:.2f} s")
     print(f"  model calls        {stats['calls']}; in flight at peak {stats['peak']} (busiest caller {busiest})")
+    per_five = [0] * (int(last // 5) + 1)
+    for call in calls:
+        per_five[int((call["at"] - first) // 5)] += 1
+    print(f"  answers per 5 s    {', '.join(map(str, per_five))}")
     return last
+
+
+def written_per_five(first: float) -> list[int]:
+    import psycopg
+
+    with psycopg.connect(f"host=127.0.0.1 user=postgres dbname={DB}", autocommit=True) as conn:
+        rows = conn.execute("SELECT extract(epoch FROM created_at) FROM outbox_outboundmessage").fetchall()
+    times = sorted(float(at) - first for (at,) in rows if float(at) >= first)
+    counts = [0] * (int(times[-1] // 5) + 1 if times else 1)
+    for at in times:
+        counts[int(at // 5)] += 1
+    return counts
+
+
+def stages() -> None:
+    """Where each update's time went (from the rows): received -> routed (its run written)
+    -> answer written (the model's wait inside) -> sent."""
+    import psycopg
+
+    query = """SELECT extract(epoch FROM r.created_at - u.received_at), extract(epoch FROM o.created_at - r.created_at),
+                      extract(epoch FROM o.sent_at - o.created_at)
+               FROM bots_consumerrun r JOIN bots_inboundupdate u ON u.id = r.update_id
+               JOIN outbox_outboundmessage o ON o.source_update_id = u.id
+               WHERE r.consumer = 'auto_reply' AND o.sent_at IS NOT NULL"""
+    with psycopg.connect(f"host=127.0.0.1 user=postgres dbname={DB}", autocommit=True) as conn:
+        rows = conn.execute(query).fetchall()
+    for n, name in enumerate(("received -> routed", "routed -> written", "written -> sent")):
+        values = sorted(float(row[n]) for row in rows)
+        print(f"  {name:<18} p50 {statistics.median(values):.2f} s, max {values[-1]:.2f} s")
 
 
 def main() -> None:
@@ -202,7 +235,9 @@ def main() -> None:
         time.sleep(2.0)
         model_stats(model_url, reset=True)
         sampler = Sampler(worker.pid).start()
+        pushing = time.time()
         pushed = asyncio.run(push_crowd(sandbox_url, TOKEN, args.users, args.spread, "question"))
+        pushed_in = time.time() - pushing
         floor = args.delay + args.users / args.limit
         c.wait_until(
             lambda: len(answers(sandbox_url, TOKEN, "question")) >= args.users, floor * 4 + 60, "every answer", 0.5
@@ -213,7 +248,13 @@ def main() -> None:
         print(f"crowd              {args.users} users within {args.spread:g} s; model {args.delay:g} s per answer")
         print(f"limit L            {args.limit}/s per bot, 1/s per private chat (sandbox); floor {floor:.1f} s")
         print(f"processes          web (gunicorn), worker -c {args.concurrency}, beat (the Procfile's)")
+        print(f"pushed             every update's webhook answered {pushed_in:.1f} s after the first was sent")
         ours = report("Dovecote (responder openai)", pushed, answers(sandbox_url, TOKEN, "question"), stats)
+        written = written_per_five(min(pushed.values()))
+        print(f"  written per 5 s    {', '.join(map(str, written))}   (the answers' outbox rows)")
+        stages()
+        refused = sum(1 for x in c.sandbox_calls(sandbox_url, TOKEN) if x["status"] == 429)
+        print(f"  429s received      {refused}")
         loop_pids = {int(name.split(":")[1]) for name in sampler.connections}
         for pid in sorted(loop_pids & set(sampler.idle)):
             idle, peak = sampler.idle[pid], sampler.peak[pid]

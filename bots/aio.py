@@ -51,7 +51,8 @@ if TYPE_CHECKING:
     import httpx
 
     from bots.models import ConsumerRun
-    from bots.registry import ConsumerSpec
+    from bots.registry import ConsumerContext, ConsumerSpec
+    from outbox.models import OutboundMessage
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +81,7 @@ class _Process:
         self.http: httpx.AsyncClient | None = None
         # (consumer, bot, chat) -> the future the chat's latest started run resolves as it ends.
         self.turns: dict[tuple[str, int, int], asyncio.Future[None]] = {}
+        self.gathered: dict[Callable[[list[Any]], list[Any]], _Gathered] = {}
 
 
 _process: _Process | None = None
@@ -161,6 +163,67 @@ def _db_step(fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]
             logger.error("a database step returned inside a transaction: rolled back and closed")
             connection.close()
         close_old_connections()
+
+
+class _Gathered:
+    """Items of one kind of write that runs hand in while a database thread is busy with the
+    previous lot, written together in one step (`write_many(items)`, one result or exception
+    per item): a hundred answers arriving together cost a few statements, not a hundred of
+    each. One lot at a time per kind and process; the loop's thread only ever touches it."""
+
+    def __init__(self, write_many: Callable[[list[Any]], list[Any]]) -> None:
+        self.write_many = write_many
+        self.waiting: list[tuple[Any, asyncio.Future[Any]]] = []
+        self.writing = False
+
+    async def put(self, item: Any) -> Any:
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.waiting.append((item, future))
+        if not self.writing:
+            self.writing = True
+            asyncio.get_running_loop().create_task(self._write())
+        return await future
+
+    async def _write(self) -> None:
+        try:
+            while self.waiting:
+                lot, self.waiting = self.waiting, []
+                try:
+                    results = await db(self.write_many, [item for item, _ in lot])
+                except Exception as exc:  # noqa: BLE001 - the database: each run settles it
+                    results = [exc] * len(lot)
+                for (_, future), result in zip(lot, results, strict=True):
+                    if future.done():  # its run's time limit ran out meanwhile
+                        continue
+                    if isinstance(result, BaseException):
+                        future.set_exception(result)
+                    else:
+                        future.set_result(result)
+        finally:
+            self.writing = False
+
+
+async def gathered(write_many: Callable[[list[Any]], list[Any]], item: Any) -> Any:
+    """`write_many([item])`'s result for this item, written with the other runs' items of
+    the same kind that are waiting (`_Gathered`)."""
+    proc = _proc()
+    lot = proc.gathered.get(write_many)
+    if lot is None:
+        lot = proc.gathered[write_many] = _Gathered(write_many)
+    return await lot.put(item)
+
+
+async def reply(ctx: ConsumerContext, text: str, **payload: Any) -> OutboundMessage:
+    """`ctx.reply` from the event loop, written with the other runs' replies waiting then
+    (one INSERT for the lot on PostgreSQL)."""
+    call = ctx._enqueue_call(method="sendMessage", key=None, options={}, **ctx._reply_call(text, payload))
+    return await gathered(_write_replies, call)
+
+
+def _write_replies(calls: list[dict[str, Any]]) -> list[Any]:
+    from bots.registry import enqueue_many
+
+    return enqueue_many(calls)
 
 
 def http_client() -> httpx.AsyncClient:
@@ -254,10 +317,12 @@ async def _run(run: ConsumerRun, spec: ConsumerSpec, *, worker: str, circuit_dir
             error = TimedOut(str(exc)) if limit.expired() else exc
         except Exception as exc:  # noqa: BLE001 - a consumer's failure is settled for its run alone
             error = exc
-        if error is None:
-            outcome = await _settle(_finish, run, spec, returned, worker, circuit_dirty)
+        if error is None and not circuit_dirty:
+            outcome = await _settle(gathered, _mark_done, (run, returned, worker))
+        elif error is None:
+            outcome = await _settle(db, _finish, run, spec, returned, worker, circuit_dirty)
         else:
-            outcome = await _settle(_fail, run, spec, error, worker)
+            outcome = await _settle(db, _fail, run, spec, error, worker)
     except Exception:
         logger.exception("consumer %s on update %s: the run could not be settled", spec.name, run.update.update_id)
     finally:
@@ -268,12 +333,12 @@ async def _run(run: ConsumerRun, spec: ConsumerSpec, *, worker: str, circuit_dir
     metrics.CONSUMER_RUNS.labels(consumer=spec.name, outcome=outcome).inc()
 
 
-async def _settle(step: Callable[..., str], *args: Any) -> str:
-    """A settling step in a database thread, tried again while the database is away; "lost"
-    when it never got through (the run is let go: the sweeper takes it over)."""
+async def _settle(how: Callable[..., Any], *args: Any) -> str:
+    """A settling step (`db(fn, ...)` or `gathered(fn, item)`), tried again while the database
+    is away; "lost" when it never got through (the run is let go: the sweeper takes it over)."""
     for pause in (*SETTLE_RETRY_SECONDS, None):
         try:
-            return await db(step, *args)
+            return await how(*args)
         except DatabaseError as exc:
             if pause is None:
                 logger.warning("a run's settling failed on the database (%s); left to the sweeper", exc)
@@ -293,6 +358,21 @@ def _finish(run: ConsumerRun, spec: ConsumerSpec, returned: Any, worker: str, ci
     if not services._quiet_success.get():
         logger.info("consumer %s done on update %s: %s", spec.name, run.update.update_id, outcome)
     return "done"
+
+
+def _mark_done(items: list[tuple[ConsumerRun, Any, str]]) -> list[str]:
+    """Runs done, marked in one statement (their circuits plainly closed)."""
+    from bots import services, transitions
+
+    outcomes = {run.pk: returned if isinstance(returned, str) else "done" for run, returned, _ in items}
+    for worker in {worker for _, _, worker in items}:
+        transitions.mark_runs_done(
+            {run.pk: outcomes[run.pk] for run, _, owner in items if owner == worker}, worker=worker
+        )
+    if not services._quiet_success.get():
+        for run, _, _ in items:
+            logger.info("consumer %s done on update %s: %s", run.consumer, run.update.update_id, outcomes[run.pk])
+    return ["done"] * len(items)
 
 
 def _fail(run: ConsumerRun, spec: ConsumerSpec, error: BaseException, worker: str) -> str:

@@ -319,17 +319,9 @@ class ConsumerContext:
         running the consumer again would write the same message. A retry of this run that
         writes another message under the same key (a model answers differently the second
         time) gets the first one back: the first answer is the one the chat receives."""
-        from outbox.services import IdempotencyConflict, MessageRejected, outbound_message_enqueue
-
-        call = self._enqueue_call(chat_id=chat_id, payload=payload, method=method, key=key, options=options)
-        try:
-            message, _ = outbound_message_enqueue(**call)
-        except MessageRejected as exc:
-            raise PermanentError(f"the outbox refused the message: {exc}") from exc
-        except IdempotencyConflict as conflict:
-            _first_stands(conflict.message)
-            return conflict.message
-        return message
+        return enqueue_one(
+            self._enqueue_call(chat_id=chat_id, payload=payload, method=method, key=key, options=options)
+        )
 
     def reply(self, text: str, **payload: Any) -> OutboundMessage:
         """Answer in the update's chat."""
@@ -369,8 +361,11 @@ class ConsumerContext:
         return await aio.db(fn, *args, **kwargs)
 
     async def areply(self, text: str, **payload: Any) -> OutboundMessage:
-        """`reply` from an awaiting consumer."""
-        return await self.db(self.reply, text, **payload)
+        """`reply` from an awaiting consumer (written with the other runs' replies of the
+        moment, in one statement)."""
+        from bots import aio
+
+        return await aio.reply(self, text, **payload)
 
     async def asend(self, **kwargs: Any) -> OutboundMessage:
         """`send` from an awaiting consumer."""
@@ -427,6 +422,49 @@ def replies(answers: Sequence[tuple[ConsumerContext, str]]) -> list[OutboundMess
         enqueued = outbound_messages_enqueue(calls)
     except MessageRejected as exc:
         raise PermanentError(f"the outbox refused a message: {exc}") from exc
+    for each in enqueued:
+        if each.conflict:
+            _first_stands(each.message)
+    return [each.message for each in enqueued]
+
+
+def enqueue_one(call: dict[str, Any]) -> OutboundMessage:
+    """One outbox call of a consumer's (`ConsumerContext._enqueue_call`) written, as `send`
+    says: a refusal is a PermanentError, a retry's other text under a taken key gets the first."""
+    from outbox.services import IdempotencyConflict, MessageRejected, outbound_message_enqueue
+
+    try:
+        message, _ = outbound_message_enqueue(**call)
+    except MessageRejected as exc:
+        raise PermanentError(f"the outbox refused the message: {exc}") from exc
+    except IdempotencyConflict as conflict:
+        _first_stands(conflict.message)
+        return conflict.message
+    return message
+
+
+def enqueue_many(calls: list[dict[str, Any]]) -> list[OutboundMessage | BaseException]:
+    """Several consumers' outbox calls written together (one INSERT on PostgreSQL), each as
+    `enqueue_one` would: when the outbox refuses one, the others are written one by one and
+    only that one comes back as its PermanentError. A database error is raised for all."""
+    from django.db import DatabaseError
+
+    from outbox.services import outbound_messages_enqueue
+
+    try:
+        enqueued = outbound_messages_enqueue(calls)
+    except DatabaseError:
+        raise
+    except Exception:  # noqa: BLE001 - a refused message: each alone, its error for its own
+        results: list[OutboundMessage | BaseException] = []
+        for call in calls:
+            try:
+                results.append(enqueue_one(call))
+            except DatabaseError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - settled for its run
+                results.append(exc)
+        return results
     for each in enqueued:
         if each.conflict:
             _first_stands(each.message)

@@ -26,7 +26,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from bots import registry, transitions
+from bots import aio, registry, transitions
 from bots.models import ChatState, InboundUpdate
 from bots.registry import ConsumerContext, Defer, PermanentError
 from bots.responders import Conversation, Responder, get_async_responder, get_responder
@@ -173,7 +173,10 @@ async def auto_reply_async(ctx: ConsumerContext) -> str:
             return "no-text"
         reply = await responder(_conversation(ctx, [ctx.text]))
         await ctx.in_turn()
-        return await ctx.db(_answer_write, ctx, reply)
+        await ctx.areply(reply)
+        # The guard, as _answer_write moves it: behind the reply, never ahead.
+        await aio.gathered(_note_answered, (update.bot_id, update.chat_id, update.message_id))
+        return "answered 1"
     texts = await ctx.db(burst_texts, ctx)
     if isinstance(texts, str):
         return texts
@@ -238,6 +241,16 @@ def _answer_write(ctx: ConsumerContext, reply: str) -> str:
         )
     )
     return "answered 1"
+
+
+def _note_answered(answered: list[tuple[int, int, int]]) -> list[None]:
+    """Chats' guards moved past their answered messages ((bot, chat, message) each), a
+    statement per bot."""
+    for bot_id in {bot_id for bot_id, _, _ in answered}:
+        transitions.note_chats_answered(
+            bot_id=bot_id, answered=[(chat, message) for bot, chat, message in answered if bot == bot_id]
+        )
+    return [None] * len(answered)
 
 
 def _covered(ctx: ConsumerContext, answered: int) -> str:
