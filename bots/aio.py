@@ -40,6 +40,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import httpx
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection
 
@@ -48,8 +49,6 @@ from outbox.logs import current_trace_id
 from outbox.workers import lease_keeper, worker_id
 
 if TYPE_CHECKING:
-    import httpx
-
     from bots.models import ConsumerRun
     from bots.registry import ConsumerContext, ConsumerSpec
     from outbox.models import OutboundMessage
@@ -227,19 +226,43 @@ def _write_replies(calls: list[dict[str, Any]]) -> list[Any]:
 
 
 def http_client() -> httpx.AsyncClient:
-    """This process's HTTP client for awaiting consumers (one connection pool, on its loop)."""
-    import httpx
-
+    """This process's HTTP client for awaiting consumers (the openai responder, crm_webhook):
+    one `httpx.AsyncClient` on the loop, its connections in pools of `POOL_SIZE` (`_Pools`)."""
     proc = _proc()
     if proc.http is None:
-        size = settings.DOVECOTE_ASYNC_CONCURRENCY
         # The worker in the User-Agent: the other side's logs (and the bench's fake model) can
         # tell how many calls each worker process has in flight.
         proc.http = httpx.AsyncClient(
-            limits=httpx.Limits(max_connections=size, max_keepalive_connections=size),
+            transport=_Pools(settings.DOVECOTE_ASYNC_CONCURRENCY),
             headers={"User-Agent": f"dovecote ({worker_id()})"},
         )
     return proc.http
+
+
+# Connections per pool of the HTTP client. httpcore's pool looks through all its requests and
+# connections each time one is placed or ends, so its cost per request grows with its size:
+# with 256 connections in one pool that search was most of the loop's time (bench/ai_crowd.py
+# under py-spy); in pools of this size it is a small part.
+POOL_SIZE = 32
+
+
+class _Pools(httpx.AsyncBaseTransport):
+    """Requests spread in turn over several connection pools, together as large as the
+    process's runs may need."""
+
+    def __init__(self, connections: int) -> None:
+        n = max(1, -(-connections // POOL_SIZE))
+        limits = httpx.Limits(max_connections=POOL_SIZE, max_keepalive_connections=POOL_SIZE)
+        self.pools = [httpx.AsyncHTTPTransport(limits=limits) for _ in range(n)]
+        self.turn = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.turn = (self.turn + 1) % len(self.pools)
+        return await self.pools[self.turn].handle_async_request(request)
+
+    async def aclose(self) -> None:
+        for pool in self.pools:
+            await pool.aclose()
 
 
 # --- slots --------------------------------------------------------------------------------
