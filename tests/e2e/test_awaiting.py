@@ -12,12 +12,14 @@ from collections.abc import Iterator
 
 import pytest
 from django.core.management import call_command
+from django.db import close_old_connections
 from django.test import override_settings
 
 from bots.models import ConsumerRun, RunState
 from bots.sandbox.model import FakeModel
 from outbox.models import DeadLetter, OutboundMessage, State
 from reconciliation.sweeper import sweep
+from tests.private_postgres import PrivatePostgres, django_connection_at, remove_clusters_of_dead_runs
 from tests.support import Process, start_web, start_worker, wait_until
 
 pytestmark = [pytest.mark.e2e]
@@ -191,3 +193,59 @@ def test_a_worker_killed_with_a_hundred_model_calls_in_flight_is_taken_over_and_
     assert len(chats) < model.calls <= 2 * len(chats)  # asked again after the kill, once
     runs = ConsumerRun.objects.filter(update__bot=bot, consumer="auto_reply")
     assert {(r.state, r.attempts) for r in runs} == {(RunState.DONE, 2)}
+
+
+@pytest.fixture
+def crashable_database(transactional_db: None) -> Iterator[tuple[PrivatePostgres, str]]:
+    """A PostgreSQL cluster of this test's own, which it crashes (never the shared server),
+    migrated, with this process's Django connection on its database."""
+    remove_clusters_of_dead_runs()
+    server = PrivatePostgres().init()
+    server.start()
+    try:
+        server.create_database("awaiting")
+        server.migrate("awaiting")
+        with django_connection_at(server, "awaiting"):
+            yield server, "awaiting"
+    finally:
+        server.stop()
+
+
+def test_a_postgresql_restart_with_a_hundred_model_calls_in_flight_leaves_each_chat_answered_once(
+    crashable_database: tuple[PrivatePostgres, str],
+    process_env: dict[str, str],
+    processes: list[Process],
+    sandbox,
+    sandbox_server,
+    model: FakeModel,
+) -> None:
+    from tests.conftest import make_bot
+
+    server, name = crashable_database
+    model.delay = 8.0  # all hundred asked before the first answers, which come while it is down
+    env = awaiting_env(process_env, model, DATABASE_URL=server.url(name), DOVECOTE_CONSUMER_LEASE_SECONDS="5")
+    bot = make_bot(sandbox_server.base_url, responder="openai")
+    serve(env, processes, bot)
+    chats = range(12000, 12100)
+    for chat in chats:
+        sandbox.push_message(bot.token, chat_id=chat, text=f"question {chat}")
+    wait_until(lambda: model.in_flight >= len(chats), timeout=30, message="a hundred model calls in flight")
+
+    server.crash()  # every backend gone at once, no checkpoint; the model answers meanwhile
+    wait_until(lambda: model.answered >= len(chats), timeout=30, message="the model's answers, PostgreSQL down")
+    server.start()  # crash recovery
+    with override_settings(DOVECOTE_REDISPATCH_GRACE_SECONDS=0, DOVECOTE_CONSUMER_LEASE_SECONDS=5):
+
+        def answered() -> bool:
+            close_old_connections()
+            sweep()  # beat's job: runs whose settling never got through, once their leases ran out
+            return sent(bot) == len(chats)
+
+        wait_until(answered, timeout=120, interval=1.0, message="every chat answered")
+    time.sleep(2)  # a duplicate would show up by now
+
+    for chat in chats:
+        assert sandbox.sent_texts(token=bot.token, chat_id=chat) == [f"Model: question {chat}"]
+    assert model.calls <= 2 * len(chats)  # asked again after the restart, at most once
+    runs = ConsumerRun.objects.filter(update__bot=bot, consumer="auto_reply")
+    assert {r.state for r in runs} == {RunState.DONE}
