@@ -49,14 +49,7 @@ def start_model(env: dict[str, str], delay: float) -> tuple[c.Proc, str]:
     args = [str(c.BIN / "python"), "-m", "bots.sandbox.model", "--port", str(port), "--delay", str(delay)]
     proc = c.Proc("model", args, env)
     url = f"http://127.0.0.1:{port}/v1"
-
-    def up() -> bool:
-        try:
-            return httpx.get(f"{url}/stats", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    c.wait_until(up, 15, "the fake model")
+    c.wait_http(f"{url}/stats", 15, "the fake model")
     return proc, url
 
 

@@ -17,8 +17,9 @@ import argparse
 import logging
 
 import httpx
+from ptb_echo import serve  # this script's folder is on sys.path
 from telegram import Update
-from telegram.ext import AIORateLimiter, Application, ContextTypes, MessageHandler, filters
+from telegram.ext import AIORateLimiter, Application, ContextTypes
 
 
 def main() -> None:
@@ -58,15 +59,7 @@ def main() -> None:
         .connection_pool_size(64)
         .build()
     )
-    application.add_handler(MessageHandler(filters.TEXT & ~filters.COMMAND, answer))
-    application.run_webhook(
-        listen="127.0.0.1",
-        port=args.port,
-        url_path=args.path,
-        webhook_url=f"http://127.0.0.1:{args.port}/{args.path}",
-        secret_token=args.secret,
-        allowed_updates=["message"],
-    )
+    serve(application, answer, args)
 
 
 if __name__ == "__main__":
