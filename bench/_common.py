@@ -125,15 +125,20 @@ def start_sandbox(env: dict[str, str], *extra: str) -> tuple[Proc, str]:
     port = free_port()
     proc = Proc("sandbox", [str(BIN / "python"), "-m", "bots.sandbox.cli", "--port", str(port), *extra], env)
     url = f"http://127.0.0.1:{port}"
+    wait_http(f"{url}/sandbox/health", 15, "the sandbox")
+    return proc, url
+
+
+def wait_http(url: str, timeout: float, what: str) -> None:
+    """Wait until `url` answers 200 (a process just started)."""
 
     def up() -> bool:
         try:
-            return httpx.get(f"{url}/sandbox/health", timeout=1).status_code == 200
+            return httpx.get(url, timeout=1).status_code == 200
         except httpx.HTTPError:
             return False
 
-    wait_until(up, 15, "the sandbox")
-    return proc, url
+    wait_until(up, timeout, what)
 
 
 def start_web(env: dict[str, str]) -> tuple[Proc, str]:
@@ -141,14 +146,7 @@ def start_web(env: dict[str, str]) -> tuple[Proc, str]:
     port = free_port()
     proc = Proc("web", [str(BIN / "gunicorn"), "project.wsgi"], {**env, "BIND": f"127.0.0.1:{port}"})
     url = f"http://127.0.0.1:{port}"
-
-    def up() -> bool:
-        try:
-            return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    wait_until(up, 30, "the web process")
+    wait_http(f"{url}/healthz", 30, "the web process")
     return proc, url
 
 

@@ -13,4 +13,11 @@ class BotsConfig(AppConfig):
         from outbox.workers import lease_keeper
 
         lease_keeper.register("run", renew_run_leases)
+        from django.conf import settings
+        from django.db.backends.signals import connection_created
+
+        from bots import aio
+
+        if settings.DATABASE_POOLER != "transaction":  # a session setting would stay on a pooled server
+            connection_created.connect(aio.name_connection, dispatch_uid="bots.name_aio_connection")
         autodiscover()

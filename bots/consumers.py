@@ -28,7 +28,13 @@ def answers_at_once(update: Any) -> bool:
 
 
 @consumer(
-    "auto_reply", update_types=["message"], max_attempts=5, inline=answers_at_once, batch=replies.auto_reply_batch
+    "auto_reply",
+    update_types=["message"],
+    max_attempts=5,
+    inline=answers_at_once,
+    batch=replies.auto_reply_batch,
+    awaiting=replies.auto_reply_async,
+    awaits=replies.awaits_model,
 )
 def auto_reply(ctx: ConsumerContext) -> str:
     """Answer a chat's messages with the bot's responder (see bots/replies.py)."""
@@ -69,37 +75,80 @@ def crm_event(ctx: ConsumerContext) -> dict[str, Any]:
     }
 
 
-@consumer("crm_webhook", update_types=["message"], max_attempts=8, enabled=crm_enabled)
-def crm_webhook(ctx: ConsumerContext) -> str:
+def crm_webhook_run(ctx: ConsumerContext) -> str:
     """Send the message to the CRM as a lead/event. Before any retry, ask the lookup hook
     (DOVECOTE_CRM_LOOKUP) whether the CRM already has it: an earlier attempt may have
     created the lead and lost the answer."""
     url = settings.DOVECOTE_CRM_WEBHOOK_URL
     if not url:
         return "crm-disabled"
-    key = crm_idempotency_key(ctx)
-    if ctx.attempt > 1 and settings.DOVECOTE_CRM_LOOKUP:
-        lookup = import_string(settings.DOVECOTE_CRM_LOOKUP)
-        try:
-            found = lookup(key, ctx)
-        except httpx.HTTPError as exc:
-            raise TransientError(f"CRM lookup failed: {type(exc).__name__}: {exc}") from exc
-        if found:
-            return "found-in-crm"
+    if _crm_found(ctx):
+        return "found-in-crm"
     try:
-        response = httpx.post(
-            url,
-            json=crm_event(ctx),
-            headers={"Idempotency-Key": key, "X-Trace-Id": ctx.trace_id},
-            timeout=settings.DOVECOTE_CRM_TIMEOUT,
-        )
+        response = httpx.post(url, **_crm_request(ctx))
     except httpx.TransportError as exc:
         raise TransientError(f"CRM unreachable: {type(exc).__name__}: {exc}") from exc
+    return crm_outcome(response)
+
+
+async def crm_webhook_async(ctx: ConsumerContext) -> str:
+    """crm_webhook_run awaiting the CRM with the process's HTTP client (bots/aio.py); the
+    lookup hook, a synchronous function of the deployment's, in a thread of its own."""
+    import asyncio
+
+    from bots import aio
+
+    url = settings.DOVECOTE_CRM_WEBHOOK_URL
+    if not url:
+        return "crm-disabled"
+    if await asyncio.to_thread(_crm_found, ctx):
+        return "found-in-crm"
+    try:
+        response = await aio.http_client().post(url, **_crm_request(ctx))
+    except httpx.TransportError as exc:
+        raise TransientError(f"CRM unreachable: {type(exc).__name__}: {exc}") from exc
+    return crm_outcome(response)
+
+
+@consumer(
+    "crm_webhook",
+    update_types=["message"],
+    max_attempts=8,
+    enabled=crm_enabled,
+    awaiting=crm_webhook_async,
+)
+def crm_webhook(ctx: ConsumerContext) -> str:
+    """crm_webhook_run; on a worker's event loop, crm_webhook_async (many CRM calls in
+    flight per process)."""
+    return crm_webhook_run(ctx)
+
+
+def _crm_found(ctx: ConsumerContext) -> bool:
+    """Whether the lookup hook finds this event in the CRM already (retries only)."""
+    if ctx.attempt <= 1 or not settings.DOVECOTE_CRM_LOOKUP:
+        return False
+    lookup = import_string(settings.DOVECOTE_CRM_LOOKUP)
+    try:
+        return bool(lookup(crm_idempotency_key(ctx), ctx))
+    except httpx.HTTPError as exc:
+        raise TransientError(f"CRM lookup failed: {type(exc).__name__}: {exc}") from exc
+
+
+def _crm_request(ctx: ConsumerContext) -> dict[str, Any]:
+    return {
+        "json": crm_event(ctx),
+        "headers": {"Idempotency-Key": crm_idempotency_key(ctx), "X-Trace-Id": ctx.trace_id},
+        "timeout": settings.DOVECOTE_CRM_TIMEOUT,
+    }
+
+
+def crm_outcome(response: httpx.Response) -> str:
+    """What the CRM's answer means: 401/403 pause the consumer, 408/409/425/429/5xx are
+    retried (409: the CRM is still processing this key), another 4xx is dead-lettered."""
     status = response.status_code
     if status in (401, 403):
         raise AuthError(f"CRM refused our credentials ({status})")
     if status in (408, 409, 425, 429) or status >= 500:
-        # 409: the CRM is still processing this key.
         raise TransientError(f"CRM answered {status}")
     if status >= 400:
         raise PermanentError(f"CRM rejected the event ({status}): {response.text[:500]}")

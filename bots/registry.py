@@ -12,21 +12,29 @@ A consumer is a function that processes one stored update. Register it in any in
 
 Each update gets one ConsumerRun per matching consumer, retried on its own. `TransientError`
 retries with backoff, `PermanentError` dead-letters, `AuthError` pauses the consumer, any other
-exception counts as transient, `Defer(until)` runs it later without spending an attempt. The
-reference: docs/CONSUMERS.md."""
+exception counts as transient, `Defer(until)` runs it later without spending an attempt.
+
+A consumer may be an `async def` (a model, a CRM): its runs go on the worker process's event
+loop, hundreds at once (bots/aio.py), with the same claim, lease, time limit and settling; it
+reaches the database through `await ctx.db(fn, ...)`, `await ctx.areply(...)` and
+`await ctx.asend(...)`, each a synchronous step run whole in a small pool of threads (never a
+transaction across an `await`). The reference: docs/CONSUMERS.md and docs/AWAITING.md."""
 
 from __future__ import annotations
 
+import inspect
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.utils.module_loading import autodiscover_modules
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     import telegram
@@ -55,6 +63,10 @@ class AuthError(ConsumerError):
     """The destination refuses our credentials: pause the consumer, keep its runs."""
 
     error_class = "auth"
+
+
+class TimedOut(TransientError):
+    """An awaiting run was still running at its time limit (bots/aio.py): a failed attempt."""
 
 
 class Defer(Exception):
@@ -110,6 +122,9 @@ class ConsumerSpec:
     timeout: float | None = None
     inline: bool | Callable[[InboundUpdate], bool] = False
     batch: Callable[[list[ConsumerContext]], Sequence[Any] | None] | None = None
+    # The consumer's awaiting form, and when it is used (a callable decides per update).
+    async_func: Callable[[ConsumerContext], Awaitable[Any]] | None = None
+    awaits: bool | Callable[[InboundUpdate], bool] = False
 
     def wants(self, update: InboundUpdate) -> bool:
         if not self.enabled():
@@ -123,8 +138,18 @@ class ConsumerSpec:
         the consumer said it is cheap and synchronous for such an update."""
         return self.inline(update) if callable(self.inline) else self.inline
 
+    def runs_async(self, update: InboundUpdate) -> bool:
+        """Whether this update's run goes on the worker's event loop (bots/aio.py): never
+        with DOVECOTE_ASYNC_CONCURRENCY 0 (a Celery task then waits for it)."""
+        from django.conf import settings
+
+        if self.async_func is None or settings.DOVECOTE_ASYNC_CONCURRENCY <= 0:
+            return False
+        return self.awaits(update) if callable(self.awaits) else self.awaits
+
     def time_limit(self) -> float:
-        """Seconds a run may take before it is interrupted (Celery's soft time limit)."""
+        """Seconds a run may take before it is interrupted (Celery's soft time limit; an
+        awaiting run's `asyncio.timeout`)."""
         from django.conf import settings
 
         return float(self.timeout if self.timeout is not None else settings.DOVECOTE_CONSUMER_TIMEOUT_SECONDS)
@@ -152,6 +177,8 @@ def consumer(
     timeout: float | None = None,
     inline: bool | Callable[[InboundUpdate], bool] = False,
     batch: Callable[[list[ConsumerContext]], Sequence[Any] | None] | None = None,
+    awaiting: Callable[[ConsumerContext], Awaitable[Any]] | None = None,
+    awaits: bool | Callable[[InboundUpdate], bool] = True,
 ) -> Callable[[Callable[[ConsumerContext], Any]], Callable[[ConsumerContext], Any]]:
     """Register a consumer under a stable name (the name is stored in runs and keys).
 
@@ -162,11 +189,20 @@ def consumer(
     `batch`: the same work for several inline runs at once. It returns one outcome per context, in
     order, or None (having done nothing) to have each run tried alone. If it raises, each run is
     tried alone with the consumer itself, so what it wrote must be safe to write again (stable
-    keys, insert once). Details: docs/CONSUMERS.md."""
+    keys, insert once). Details: docs/CONSUMERS.md.
+
+    An `async def` consumer runs on the worker's event loop (bots/aio.py); it cannot be
+    `inline` nor have a `batch`. `awaiting`: a synchronous consumer's awaiting form, used for
+    the updates `awaits` picks (auto_reply awaits a model, answers an echo at once)."""
 
     def decorator(func: Callable[[ConsumerContext], Any]) -> Callable[[ConsumerContext], Any]:
         if name in _registry and _registry[name].func is not func:
             raise ValueError(f"a consumer named {name!r} is already registered")
+        async_func = awaiting
+        if inspect.iscoroutinefunction(func):
+            if inline or batch is not None:
+                raise ValueError(f"consumer {name!r} is an async def: it cannot be inline nor have a batch")
+            async_func = func
         _registry[name] = ConsumerSpec(
             name=name,
             func=func,
@@ -179,6 +215,8 @@ def consumer(
             timeout=timeout,
             inline=inline,
             batch=batch,
+            async_func=async_func,
+            awaits=awaits if async_func is not None else False,
         )
         return func
 
@@ -226,6 +264,7 @@ class ConsumerContext:
         self.trace_id = trace_id
         self.attempt = attempt
         self._sent = 0
+        self._turn: Awaitable[Any] | None = None  # set by bots/aio.py for an awaiting run
 
     @property
     def bot(self) -> Bot:
@@ -261,17 +300,9 @@ class ConsumerContext:
         running the consumer again would write the same message. A retry of this run that
         writes another message under the same key (a model answers differently the second
         time) gets the first one back: the first answer is the one the chat receives."""
-        from outbox.services import IdempotencyConflict, MessageRejected, outbound_message_enqueue
-
-        call = self._enqueue_call(chat_id=chat_id, payload=payload, method=method, key=key, options=options)
-        try:
-            message, _ = outbound_message_enqueue(**call)
-        except MessageRejected as exc:
-            raise PermanentError(f"the outbox refused the message: {exc}") from exc
-        except IdempotencyConflict as conflict:
-            _first_stands(conflict.message)
-            return conflict.message
-        return message
+        return enqueue_one(
+            self._enqueue_call(chat_id=chat_id, payload=payload, method=method, key=key, options=options)
+        )
 
     def reply(self, text: str, **payload: Any) -> OutboundMessage:
         """Answer in the update's chat."""
@@ -300,6 +331,34 @@ class ConsumerContext:
             "user_id": self.update.user_id,
             **options,
         }
+
+    # --- for awaiting consumers (bots/aio.py) -------------------------------------------
+
+    async def db(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run `fn(*args, **kwargs)`, synchronous database work, whole in one of the
+        worker's database threads (a transaction it opens ends before it returns)."""
+        from bots import aio
+
+        return await aio.db(fn, *args, **kwargs)
+
+    async def areply(self, text: str, **payload: Any) -> OutboundMessage:
+        """`reply` from an awaiting consumer (written with the other runs' replies of the
+        moment, in one statement)."""
+        from bots import aio
+
+        return await aio.reply(self, text, **payload)
+
+    async def asend(self, **kwargs: Any) -> OutboundMessage:
+        """`send` from an awaiting consumer."""
+        return await self.db(lambda: self.send(**kwargs))
+
+    async def in_turn(self) -> None:
+        """Wait until the runs of this consumer for the chat's earlier updates, started
+        before this one on this worker, have ended: call it before writing an answer, so
+        that the answers of a chat go out in the order of its messages even when the later
+        one's model answered first. Outside an awaiting run, at once."""
+        if self._turn is not None:
+            await self._turn
 
     def effect_key(self, operation: str) -> str:
         """One key per effect: (bot, update, consumer, operation). A retry of this run
@@ -344,6 +403,49 @@ def replies(answers: Sequence[tuple[ConsumerContext, str]]) -> list[OutboundMess
         enqueued = outbound_messages_enqueue(calls)
     except MessageRejected as exc:
         raise PermanentError(f"the outbox refused a message: {exc}") from exc
+    for each in enqueued:
+        if each.conflict:
+            _first_stands(each.message)
+    return [each.message for each in enqueued]
+
+
+def enqueue_one(call: dict[str, Any]) -> OutboundMessage:
+    """One outbox call of a consumer's (`ConsumerContext._enqueue_call`) written, as `send`
+    says: a refusal is a PermanentError, a retry's other text under a taken key gets the first."""
+    from outbox.services import IdempotencyConflict, MessageRejected, outbound_message_enqueue
+
+    try:
+        message, _ = outbound_message_enqueue(**call)
+    except MessageRejected as exc:
+        raise PermanentError(f"the outbox refused the message: {exc}") from exc
+    except IdempotencyConflict as conflict:
+        _first_stands(conflict.message)
+        return conflict.message
+    return message
+
+
+def enqueue_many(calls: list[dict[str, Any]]) -> list[OutboundMessage | BaseException]:
+    """Several consumers' outbox calls written together (one INSERT on PostgreSQL), each as
+    `enqueue_one` would: when the outbox refuses one, the others are written one by one and
+    only that one comes back as its PermanentError. A database error is raised for all."""
+    from django.db import DatabaseError
+
+    from outbox.services import outbound_messages_enqueue
+
+    try:
+        enqueued = outbound_messages_enqueue(calls)
+    except DatabaseError:
+        raise
+    except Exception:  # noqa: BLE001 - a refused message: each alone, its error for its own
+        results: list[OutboundMessage | BaseException] = []
+        for call in calls:
+            try:
+                results.append(enqueue_one(call))
+            except DatabaseError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - settled for its run
+                results.append(exc)
+        return results
     for each in enqueued:
         if each.conflict:
             _first_stands(each.message)

@@ -16,10 +16,10 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from bots import registry, transitions
+from bots import aio, registry, transitions
 from bots.models import ChatState, InboundUpdate
 from bots.registry import ConsumerContext, Defer, PermanentError
-from bots.responders import Conversation, Responder, get_responder
+from bots.responders import Conversation, Responder, get_async_responder, get_responder
 from outbox import dispatch as outbox_dispatch
 
 # A first answer in a chat gathers at most this far back and this many messages.
@@ -99,6 +99,18 @@ def auto_reply_run(ctx: ConsumerContext) -> str:
     if debounce_seconds() <= 0:
         return _answer_at_once(ctx, responder)
 
+    texts = burst_texts(ctx)
+    if isinstance(texts, str):
+        return texts
+    # The slow part (a model) runs before the guard is taken and outside any transaction.
+    return burst_answer_write(ctx, responder(_conversation(ctx, texts)), len(texts))
+
+
+def burst_texts(ctx: ConsumerContext) -> list[str] | str:
+    """The texts of the burst this run answers, or the run's outcome when it answers none
+    (answered already, coalesced into a newer message's run, nothing to say); raises `Defer`
+    while the burst may go on."""
+    update = ctx.update
     answered = chat_last_answered(bot_id=update.bot_id, chat_id=update.chat_id)
     if answered is not None and answered >= update.message_id:
         return _covered(ctx, answered)
@@ -107,24 +119,60 @@ def auto_reply_run(ctx: ConsumerContext) -> str:
     due = reply_due_at(update)
     if due > timezone.now():
         raise Defer(due, reason="waiting for the burst to end")
-
     pending = chat_unanswered_messages(update, after=answered)
-    texts = [m.text for m in pending if m.text]
-    if not texts:
-        return "no-text"
-    # The slow part (a model) runs before the guard is taken and outside any transaction.
-    reply = responder(
-        Conversation(
-            bot=bot, chat_id=update.chat_id, texts=texts, upto_message_id=update.message_id, trace_id=ctx.trace_id
-        )
-    )
+    return [m.text for m in pending if m.text] or "no-text"
+
+
+def burst_answer_write(ctx: ConsumerContext, reply: str, covered: int) -> str:
+    """The burst's answer written with the chat's guard moved past it, in one transaction."""
+    update = ctx.update
     with transaction.atomic():
         if not transitions.mark_chat_answered(
             bot_id=update.bot_id, chat_id=update.chat_id, upto_message_id=update.message_id
         ):
             return "coalesced"  # another worker answered these messages meanwhile
         ctx.send(chat_id=update.chat_id, payload={"text": reply}, key=burst_key(update.chat_id, update.message_id))
-    return f"answered {len(texts)}"
+    return f"answered {covered}"
+
+
+def _conversation(ctx: ConsumerContext, texts: list[str]) -> Conversation:
+    update = ctx.update
+    return Conversation(
+        bot=ctx.bot, chat_id=update.chat_id, texts=texts, upto_message_id=update.message_id, trace_id=ctx.trace_id
+    )
+
+
+def awaits_model(update: InboundUpdate) -> bool:
+    """Whether the update's bot answers through a responder that waits on the network (a
+    model): its auto_reply run goes on the worker's event loop (bots/aio.py)."""
+    return get_async_responder(update.bot.responder) is not None
+
+
+async def auto_reply_async(ctx: ConsumerContext) -> str:
+    """auto_reply on the worker's event loop: the same decisions, each database step in a
+    database thread, the model awaited in between; the answer written in the chat's turn
+    (`ConsumerContext.in_turn`), so that a chat's answers keep the order of its messages."""
+    bot, update = ctx.bot, ctx.update
+    responder = get_async_responder(bot.responder)
+    if responder is None:  # the bot's responder changed since routing: the synchronous form
+        return await ctx.db(auto_reply_run, ctx)
+    if update.chat_id is None or update.message_id is None:
+        return "no-chat"
+    if debounce_seconds() <= 0:
+        if not ctx.text:
+            return "no-text"
+        reply = await responder(_conversation(ctx, [ctx.text]))
+        await ctx.in_turn()
+        await ctx.areply(reply)
+        # The guard, as _answer_write moves it: behind the reply, never ahead.
+        await aio.gathered(_note_answered, (update.bot_id, update.chat_id, update.message_id))
+        return "answered 1"
+    texts = await ctx.db(burst_texts, ctx)
+    if isinstance(texts, str):
+        return texts
+    reply = await responder(_conversation(ctx, texts))
+    await ctx.in_turn()
+    return await ctx.db(burst_answer_write, ctx, reply, len(texts))
 
 
 def auto_reply_batch(ctxs: list[ConsumerContext]) -> list[str] | None:
@@ -161,23 +209,17 @@ def auto_reply_batch(ctxs: list[ConsumerContext]) -> list[str] | None:
 
 
 def _answer(ctx: ConsumerContext, responder: Responder) -> str:
-    update = ctx.update
-    return responder(
-        Conversation(
-            bot=ctx.bot,
-            chat_id=update.chat_id,
-            texts=[ctx.text],
-            upto_message_id=update.message_id,
-            trace_id=ctx.trace_id,
-        )
-    )
+    return responder(_conversation(ctx, [ctx.text]))
 
 
 def _answer_at_once(ctx: ConsumerContext, responder: Responder) -> str:
-    update = ctx.update
     if not ctx.text:
         return "no-text"
-    reply = _answer(ctx, responder)
+    return _answer_write(ctx, _answer(ctx, responder))
+
+
+def _answer_write(ctx: ConsumerContext, reply: str) -> str:
+    update = ctx.update
     # The reply first, then the guard, each committed alone: a crash between them leaves the
     # guard behind, never ahead, and the run's retry finds the reply by its key. With no
     # debounce nothing reads the guard before answering, so it waits until the reply is sent
@@ -189,6 +231,16 @@ def _answer_at_once(ctx: ConsumerContext, responder: Responder) -> str:
         )
     )
     return "answered 1"
+
+
+def _note_answered(answered: list[tuple[int, int, int]]) -> list[None]:
+    """Chats' guards moved past their answered messages ((bot, chat, message) each), a
+    statement per bot."""
+    for bot_id in {bot_id for bot_id, _, _ in answered}:
+        transitions.note_chats_answered(
+            bot_id=bot_id, answered=[(chat, message) for bot, chat, message in answered if bot == bot_id]
+        )
+    return [None] * len(answered)
 
 
 def _covered(ctx: ConsumerContext, answered: int) -> str:

@@ -9,7 +9,7 @@ A responder gets a `Conversation` - the bot, the chat and the gathered messages 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -76,7 +76,33 @@ def echo(conversation: Conversation) -> str:
 
 def openai(conversation: Conversation) -> str:
     """Ask an OpenAI-compatible chat-completions endpoint, with the chat's recent messages
-    as context. Runs in a worker, never in the webhook: a slow model holds nobody up."""
+    as context. Runs in a worker, never in the webhook: a slow model holds nobody up. A
+    worker's event loop uses `openai_async` instead (many calls in flight per process)."""
+    url, body, headers = openai_request(conversation)
+    try:
+        response = httpx.post(url, json=body, headers=headers, timeout=settings.DOVECOTE_OPENAI_TIMEOUT)
+    except httpx.TransportError as exc:  # timeouts, refused connections, resets
+        raise TransientError(f"model endpoint unreachable: {type(exc).__name__}: {exc}") from exc
+    return openai_answer(response)
+
+
+async def openai_async(conversation: Conversation) -> str:
+    """`openai` on the worker's event loop (bots/aio.py): the chat's history read in a
+    database thread, the request made with the process's one `httpx.AsyncClient`."""
+    from bots import aio
+
+    url, body, headers = await aio.db(openai_request, conversation)
+    try:
+        response = await aio.http_client().post(
+            url, json=body, headers=headers, timeout=settings.DOVECOTE_OPENAI_TIMEOUT
+        )
+    except httpx.TransportError as exc:
+        raise TransientError(f"model endpoint unreachable: {type(exc).__name__}: {exc}") from exc
+    return openai_answer(response)
+
+
+def openai_request(conversation: Conversation) -> tuple[str, dict[str, Any], dict[str, str]]:
+    """The chat-completions request for this conversation: (URL, body, headers)."""
     bot = conversation.bot
     base_url = (settings.OPENAI_BASE_URL or "https://api.openai.com/v1").rstrip("/")
     model = bot.openai_model or settings.DOVECOTE_OPENAI_MODEL
@@ -94,15 +120,12 @@ def openai(conversation: Conversation) -> str:
         headers["Authorization"] = f"Bearer {settings.OPENAI_API_KEY}"
     if conversation.trace_id:
         headers["X-Request-Id"] = conversation.trace_id
-    try:
-        response = httpx.post(
-            f"{base_url}/chat/completions",
-            json={"model": model, "messages": messages},
-            headers=headers,
-            timeout=settings.DOVECOTE_OPENAI_TIMEOUT,
-        )
-    except httpx.TransportError as exc:  # timeouts, refused connections, resets
-        raise TransientError(f"model endpoint unreachable: {type(exc).__name__}: {exc}") from exc
+    return f"{base_url}/chat/completions", {"model": model, "messages": messages}, headers
+
+
+def openai_answer(response: httpx.Response) -> str:
+    """The model's answer, or the consumer error its response means: 401/403 pause
+    auto-reply, 408/429/5xx are retried with backoff, another 4xx is dead-lettered."""
     status = response.status_code
     if status in (401, 403):
         raise AuthError(f"model endpoint refused our credentials ({status})")
@@ -120,12 +143,26 @@ def openai(conversation: Conversation) -> str:
     return content.strip()
 
 
+AsyncResponder = Callable[[Conversation], Awaitable[str]]
+
 _RESPONDERS: dict[str, Responder] = {"echo": echo, "openai": openai}
+# Responders that wait on the network, in their awaiting form: auto_reply runs on the
+# worker's event loop for a bot whose responder is one of these (bots/aio.py).
+_ASYNC_RESPONDERS: dict[str, AsyncResponder] = {"openai": openai_async}
 
 
-def register(name: str, responder: Responder) -> None:
+def register(name: str, responder: Responder, *, awaiting: AsyncResponder | None = None) -> None:
+    """Add a responder; `awaiting`, its form for the worker's event loop (a network call)."""
     _RESPONDERS[name] = responder
+    if awaiting is not None:
+        _ASYNC_RESPONDERS[name] = awaiting
+    else:
+        _ASYNC_RESPONDERS.pop(name, None)
 
 
 def get_responder(name: str) -> Responder | None:
     return _RESPONDERS.get(name)
+
+
+def get_async_responder(name: str) -> AsyncResponder | None:
+    return _ASYNC_RESPONDERS.get(name)

@@ -7,7 +7,7 @@ import secrets
 import time
 from collections.abc import Callable
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -222,6 +222,7 @@ class Routing:
 
     runs: list[tuple[int, int, str]]
     inline: list[ConsumerRun]
+    awaiting: list[ConsumerRun] = field(default_factory=list)
 
 
 def _route(updates: list[InboundUpdate]) -> tuple[list[InboundUpdate], Routing]:
@@ -270,10 +271,20 @@ def _route(updates: list[InboundUpdate]) -> tuple[list[InboundUpdate], Routing]:
             ConsumerRun.objects.filter(update__in=routed_ids).order_by("pk").values_list("pk", "update_id", "consumer")
         )
     inline = [runs[(u, name)] for pk, u, name in routed if (u, name) in inline_keys and runs[(u, name)].pk == pk]
-    inline_pks = {run.pk for run in inline}
-    queued = [(pk, name) for pk, _, name in routed if pk not in inline_pks]
+    # Awaiting runs (a model) start on this worker's event loop once committed (bots/aio.py).
+    by_update = {u.pk: u for u in updates}
+    awaiting = [
+        runs[(u, name)]
+        for pk, u, name in routed
+        if (u, name) not in inline_keys
+        and runs[(u, name)].pk == pk
+        and (spec := registry.get(name)) is not None
+        and spec.runs_async(by_update[u])
+    ]
+    started_here = {run.pk for run in inline} | {run.pk for run in awaiting}
+    queued = [(pk, name) for pk, _, name in routed if pk not in started_here]
     transaction.on_commit(lambda: [dispatch_run(pk, consumer=name) for pk, name in queued])
-    return [u for u in updates if u.pk in routed_ids], Routing(routed, inline)
+    return [u for u in updates if u.pk in routed_ids], Routing(routed, inline, awaiting)
 
 
 def _inline_circuits() -> list[str]:
@@ -313,6 +324,8 @@ def _run_inline_and_log(updates: list[InboundUpdate], routing: Routing) -> None:
     """Run the inline-safe runs in this task, after the routing commit (each is a committed
     row first, so a router that dies here leaves them for the sweeper), then log one line
     per update: where it went and what ran here (a run's failure logs its own)."""
+    if routing.awaiting:
+        _start_awaiting(routing.awaiting)
     token = _quiet_success.set(True)
     try:
         with lease_keeper.holding("run", [run.pk for run in routing.inline]):
@@ -334,6 +347,21 @@ def _run_inline_and_log(updates: list[InboundUpdate], routing: Routing) -> None:
             f"; ran here: {here}" if here else "",
             extra={"consumers": names},
         )
+
+
+def _start_awaiting(runs: list[ConsumerRun]) -> None:
+    """Start the router's awaiting runs on this worker's event loop (bots/aio.py), waiting
+    for room there up to the router's time budget; those that find none, or whose consumer's
+    circuit is not plainly closed, get a task each (another worker's loop may have room)."""
+    from bots import aio
+
+    bots: dict[int, Bot] = {}
+    for run in runs:
+        # The loop's runs must not touch the database on their own: their bot loaded here.
+        bot = bots.get(run.update.bot_id) or bots.setdefault(run.update.bot_id, run.update.bot)
+        run.update.bot = bot
+    for run in aio.start_routed(runs, timeout=ROUTE_TIME_BUDGET_SECONDS):
+        dispatch_run(run.pk, consumer=run.consumer)
 
 
 # Set while the router runs inline runs: their successes are told in its one line per update.
@@ -452,7 +480,8 @@ def consumer_run_execute(run_pk: int) -> str:
                     outcome = _consumer_run_execute(run_pk, named)
             finally:
                 single.send_held(held)
-    metrics.CONSUMER_RUNS.labels(consumer=consumer, outcome=outcome).inc()
+    if outcome != "started":  # an awaiting run counts its own outcome (bots/aio.py)
+        metrics.CONSUMER_RUNS.labels(consumer=consumer, outcome=outcome).inc()
     return outcome
 
 
@@ -484,6 +513,8 @@ def _consumer_run_execute(run_pk: int, named: Callable[[str], None]) -> str:
 
     worker = worker_id()
     lease = timedelta(seconds=settings.DOVECOTE_CONSUMER_LEASE_SECONDS)
+    if spec.runs_async(run.update):
+        return _start_awaiting_one(run, spec, worker=worker, lease=lease, circuit_dirty=_circuit_dirty(circuit))
     if not transitions.claim_run(run.pk, worker=worker, lease=lease):
         return "claimed-elsewhere"
     outcome, returned = _attempt(run, spec, worker=worker)
@@ -495,6 +526,29 @@ def _consumer_run_execute(run_pk: int, named: Callable[[str], None]) -> str:
     if not _quiet_success.get():
         logger.info("consumer %s done on update %s: %s", spec.name, run.update.update_id, returned)
     return "done"
+
+
+# A run's task waits this long for room on its worker's event loop, then hands the run to
+# another task (a worker with room takes it).
+AWAITING_ROOM_WAIT_SECONDS = 10.0
+
+
+def _start_awaiting_one(
+    run: ConsumerRun, spec: registry.ConsumerSpec, *, worker: str, lease: timedelta, circuit_dirty: bool
+) -> str:
+    """A run's task for an awaiting consumer: claim it and start it on this worker's event
+    loop (bots/aio.py); the task returns at once, the run settles itself there."""
+    from bots import aio
+
+    if not aio.take_slots(1, timeout=AWAITING_ROOM_WAIT_SECONDS):
+        dispatch_run(run.pk, consumer=spec.name)
+        return "no-room"
+    if not transitions.claim_run(run.pk, worker=worker, lease=lease):
+        aio.release_slots(1)
+        return "claimed-elsewhere"
+    run.attempts += 1
+    aio.start(run, spec, worker=worker, circuit_dirty=circuit_dirty)
+    return "started"
 
 
 def consumer_runs_execute_inline(runs: list[ConsumerRun]) -> dict[int, str]:
@@ -620,20 +674,38 @@ def _attempt(run: ConsumerRun, spec: registry.ConsumerSpec, *, worker: str) -> t
     run.attempts += 1
     ctx = registry.ConsumerContext(update=run.update, consumer=spec.name, trace_id=run.trace_id, attempt=run.attempts)
     try:
-        returned = spec.func(ctx)
-    except registry.Defer as exc:
+        if spec.async_func is spec.func:
+            # An `async def` consumer without the event loop's runs (DOVECOTE_ASYNC_CONCURRENCY
+            # 0): this task waits for it on the process's loop.
+            from bots import aio
+
+            returned = aio.wait_for(spec.func(ctx))
+        else:
+            returned = spec.func(ctx)
+    except Exception as exc:  # noqa: BLE001 - a consumer's failure must not stop the others
+        return consumer_run_settle_failure(run, spec, exc, worker=worker), ""
+    return "done", returned if isinstance(returned, str) else "done"
+
+
+def consumer_run_settle_failure(
+    run: ConsumerRun, spec: registry.ConsumerSpec, exc: BaseException, *, worker: str
+) -> str:
+    """What a claimed run's failed attempt comes to, settled: a deferral, an auth pause, a
+    retry with backoff or a dead letter (the one place for both the Celery task's runs and
+    the event loop's, bots/aio.py). Returns the outcome."""
+    if isinstance(exc, registry.Defer):
         transitions.defer_run(run.pk, worker=worker, until=exc.until, reason=exc.reason)
         dispatch_run(run.pk, countdown=max(0.0, (exc.until - timezone.now()).total_seconds()), consumer=spec.name)
-        return "deferred", ""
-    except registry.AuthError as exc:
+        return "deferred"
+    if isinstance(exc, registry.AuthError):
         delay = circuits.open_for_auth(circuits.consumer_scope(spec.name), reason=str(exc))
         transitions.schedule_run_retry(
             run.pk, worker=worker, delay=delay, error=str(exc), error_class="auth", free=True
         )
         logger.warning("consumer %s paused (auth) on update %s: %s", spec.name, run.update.update_id, exc)
         dispatch_run(run.pk, countdown=delay, consumer=spec.name)
-        return "paused", ""
-    except registry.PermanentError as exc:
+        return "paused"
+    if isinstance(exc, registry.PermanentError):
         error = _describe(exc)
         _dead_letter_run(
             run,
@@ -642,36 +714,35 @@ def _attempt(run: ConsumerRun, spec: registry.ConsumerSpec, *, worker: str) -> t
             error_class="permanent",
         )
         logger.warning("consumer %s dead-lettered update %s: %s", spec.name, run.update.update_id, error)
-        return "dead-lettered", ""
-    except Exception as exc:  # noqa: BLE001 - a consumer's failure must not stop the others
-        # Celery's soft time limit lands here too (SoftTimeLimitExceeded, raised wherever the
-        # consumer was): a failed attempt like any other, named for what it was.
-        error = (
-            f"timed out: still running after the consumer's time limit of {spec.time_limit():g}s"
-            if isinstance(exc, SoftTimeLimitExceeded)
-            else _describe(exc)
+        return "dead-lettered"
+    # Celery's soft time limit lands here too (SoftTimeLimitExceeded, raised wherever the
+    # consumer was), and an awaiting run's asyncio.timeout (registry.TimedOut): a failed attempt
+    # like any other, named for what it was.
+    error = (
+        f"timed out: still running after the consumer's time limit of {spec.time_limit():g}s"
+        if isinstance(exc, SoftTimeLimitExceeded | registry.TimedOut)
+        else _describe(exc)
+    )
+    logger.warning(
+        "consumer %s failed on update %s (attempt %s of %s): %s",
+        spec.name,
+        run.update.update_id,
+        run.attempts,
+        run.max_attempts,
+        error,
+    )
+    if run.attempts >= run.max_attempts:
+        _dead_letter_run(
+            run,
+            lambda: transitions.fail_run(run.pk, worker=worker, error=error, error_class="exhausted"),
+            error=error,
+            error_class="exhausted",
         )
-        logger.warning(
-            "consumer %s failed on update %s (attempt %s of %s): %s",
-            spec.name,
-            run.update.update_id,
-            run.attempts,
-            run.max_attempts,
-            error,
-        )
-        if run.attempts >= run.max_attempts:
-            _dead_letter_run(
-                run,
-                lambda: transitions.fail_run(run.pk, worker=worker, error=error, error_class="exhausted"),
-                error=error,
-                error_class="exhausted",
-            )
-            return "dead-lettered", ""
-        delay = spec.delay_after(run.attempts)
-        transitions.schedule_run_retry(run.pk, worker=worker, delay=delay, error=error, error_class="transient")
-        dispatch_run(run.pk, countdown=delay, consumer=spec.name)
-        return "retry", ""
-    return "done", returned if isinstance(returned, str) else "done"
+        return "dead-lettered"
+    delay = spec.delay_after(run.attempts)
+    transitions.schedule_run_retry(run.pk, worker=worker, delay=delay, error=error, error_class="transient")
+    dispatch_run(run.pk, countdown=delay, consumer=spec.name)
+    return "retry"
 
 
 def _still_open(circuit: Circuit, now: datetime) -> bool:

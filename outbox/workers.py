@@ -60,19 +60,27 @@ class LeaseKeeper:
     def holding(self, kind: str, keys: Iterable[Any]) -> Iterator[None]:
         """While the block runs, this process's claims on `keys` are renewed."""
         keys = list(keys)
-        with self._lock:
-            self._ensure_thread()
-            self._held.setdefault(kind, Counter()).update(keys)
+        self.hold(kind, keys)
         try:
             yield
         finally:
-            with self._lock:
-                held = self._held.get(kind)
-                if held is not None:
-                    held.subtract(keys)
-                    for key in keys:
-                        if held[key] <= 0:
-                            del held[key]
+            self.let_go(kind, keys)
+
+    def hold(self, kind: str, keys: Iterable[Any]) -> None:
+        """Renew this process's claims on `keys` until `let_go` (a run on the event loop,
+        bots/aio.py, whose life is not one block of its starter's)."""
+        with self._lock:
+            self._ensure_thread()
+            self._held.setdefault(kind, Counter()).update(keys)
+
+    def let_go(self, kind: str, keys: Iterable[Any]) -> None:
+        with self._lock:
+            held = self._held.get(kind)
+            if held is not None:
+                for key in keys:
+                    held[key] -= 1
+                    if held[key] <= 0:
+                        del held[key]
 
     def held(self, kind: str) -> list[Any]:
         with self._lock:

@@ -303,6 +303,13 @@ DOVECOTE_CONSUMER_LEASE_SECONDS = env.int("DOVECOTE_CONSUMER_LEASE_SECONDS", def
 # A consumer run is interrupted after this (Celery's soft time limit; a consumer's own `timeout`
 # overrides it) and that counts as a failed attempt; a worker still stuck a grace later is ended.
 DOVECOTE_CONSUMER_TIMEOUT_SECONDS = env.float("DOVECOTE_CONSUMER_TIMEOUT_SECONDS", default=240.0)
+# Consumers that await (an `async def`, the openai responder, crm_webhook) run on one event
+# loop per worker process (bots/aio.py): this many at once per process, their database steps
+# through a pool of this many threads, each holding one PostgreSQL connection at most.
+# 0: no event loop runs; each such run holds a Celery process for its whole wait, as a
+# synchronous consumer's does.
+DOVECOTE_ASYNC_CONCURRENCY = env.int("DOVECOTE_ASYNC_CONCURRENCY", default=256)
+DOVECOTE_ASYNC_DB_CONNECTIONS = env.int("DOVECOTE_ASYNC_DB_CONNECTIONS", default=2)
 DOVECOTE_OUTBOX_MAX_ATTEMPTS = env.int("DOVECOTE_OUTBOX_MAX_ATTEMPTS", default=8)
 DOVECOTE_RETRY_BASE_SECONDS = env.float("DOVECOTE_RETRY_BASE_SECONDS", default=1.0)
 DOVECOTE_RETRY_MAX_SECONDS = env.float("DOVECOTE_RETRY_MAX_SECONDS", default=300.0)
@@ -377,6 +384,7 @@ _COUNTS = (  # at least 1
     "DOVECOTE_SWEEP_INTERVAL_SECONDS",
     "DOVECOTE_RETENTION_BATCH_SIZE",
     "DOVECOTE_CONSUMER_LEASE_SECONDS",
+    "DOVECOTE_ASYNC_DB_CONNECTIONS",
 )
 _DURATIONS = (  # above 0
     "DOVECOTE_TELEGRAM_CONNECT_TIMEOUT",
@@ -392,6 +400,7 @@ _DURATIONS = (  # above 0
     "DOVECOTE_CIRCUIT_PROBE_LEASE_SECONDS",
 )
 _MAY_BE_ZERO = (  # at least 0: no wait, or for a retention what its 0 means (see each setting)
+    "DOVECOTE_ASYNC_CONCURRENCY",
     "DOVECOTE_REPLY_DEBOUNCE_SECONDS",
     "DOVECOTE_RETRY_BASE_SECONDS",
     "DOVECOTE_AMBIGUOUS_RESEND_DELAY_SECONDS",

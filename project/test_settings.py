@@ -35,6 +35,13 @@ from project.settings import DATABASES
 
 DATABASES["default"].setdefault("TEST", {})["NAME"] = f"test_dovecote_{os.environ['DOVECOTE_TEST_RUN_ID']}"
 
+# Tests that call a run in their own process read the rows it wrote in their own transaction,
+# which an event loop's database threads cannot see: there, an awaiting consumer's run holds
+# the caller as a synchronous one does. Tests of the event loop (tests/e2e/test_awaiting.py)
+# give their workers a concurrency.
+if "DOVECOTE_ASYNC_CONCURRENCY" not in os.environ:
+    DOVECOTE_ASYNC_CONCURRENCY = 0
+
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 # A test whose workers are killed mid-send gives them a send lease far shorter than a send may

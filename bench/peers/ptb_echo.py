@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from typing import Any
 
 from telegram import Update
 from telegram.ext import Application, ContextTypes, MessageHandler, filters
@@ -41,10 +42,14 @@ def main() -> None:
     builder = Application.builder().token(args.token).base_url(f"{base}/bot").base_file_url(f"{base}/file/bot")
     if args.concurrent_updates:
         builder = builder.concurrent_updates(args.concurrent_updates)
-    application = builder.build()
-    application.add_handler(MessageHandler(filters.TEXT & ~filters.COMMAND, echo))
-    # run_webhook calls setWebhook on the Bot API (the sandbox records it) and serves until
-    # SIGINT/SIGTERM.
+    serve(builder.build(), echo, args)
+
+
+def serve(application: Application, handler: Any, args: argparse.Namespace) -> None:
+    """`handler` for text messages, then PTB's webhook server on 127.0.0.1:`args.port`/`args.path`
+    with `args.secret`: run_webhook calls setWebhook on the Bot API (the sandbox records it)
+    and serves until SIGINT/SIGTERM."""
+    application.add_handler(MessageHandler(filters.TEXT & ~filters.COMMAND, handler))
     application.run_webhook(
         listen="127.0.0.1",
         port=args.port,

@@ -134,6 +134,11 @@ class Schedule:
     bots: int
     messages: list[PlannedMessage]
     faults: list[FaultWindow]
+    # The first bot answers its users with a model (responder openai, a fake model that takes
+    # MODEL_SECONDS): its replies are runs on the worker's event loop (bots/aio.py), in flight
+    # when the worker is killed and when PostgreSQL crashes. Not drawn from the seed's
+    # generator, so that a seed's other draws are the ones it had before.
+    model: bool = False
 
     @property
     def faults_end(self) -> float:
@@ -148,7 +153,8 @@ class Schedule:
             f" {sum(m.cancel_after is not None for m in self.messages)} cancelled,"
             f" {sum(m.resend for m in self.messages)} on_ambiguous=resend,"
             f" {sum(m.parts > 1 for m in self.messages)} long,"
-            f" {sum(m.webhook for m in self.messages)} through the webhook (echo replies)",
+            f" {sum(m.webhook for m in self.messages)} through the webhook"
+            f" ({'the first bot answers with a model, the others echo' if self.model else 'echo replies'})",
             "faults:",
             *(f"  {f.describe()}" for f in sorted(self.faults, key=lambda f: f.at)),
         ]
@@ -218,7 +224,18 @@ def make_schedule(seed: int, *, long_texts: bool = LONG_TEXTS) -> Schedule:
     )
     faults.append(crash)
     messages += _flood(rng, around=crash.at, first=len(messages) + 1, bots=bots)
-    return Schedule(seed=seed, bots=bots, messages=messages, faults=faults)
+    return Schedule(seed=seed, bots=bots, messages=messages, faults=faults, model=model_answers(seed))
+
+
+# The fake model's time per answer in a schedule that has one: long enough that the kill and
+# the crash find calls in flight, short enough to settle in time.
+MODEL_SECONDS = 1.0
+
+
+def model_answers(seed: int) -> bool:
+    """Whether the seed's first bot answers with a model: two seeds in three (of the fixed
+    ones, 1, 2 and 133; 3 and 9 keep the echo)."""
+    return seed % 3 != 0
 
 
 def _flood(rng: random.Random, *, around: float, first: int, bots: int) -> list[PlannedMessage]:

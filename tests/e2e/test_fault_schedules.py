@@ -8,7 +8,9 @@ enqueued over the first seconds, some scheduled ahead, expiring, cancelled or
 read timeout, answers dropped after delivery, connections dropped before processing, the
 Bot API refusing connections, one worker SIGKILL, one Redis restart, and one crash of
 PostgreSQL (an immediate stop, or in a third of the seeds a SIGKILL of the postmaster) in
-the middle of a flood of users' messages and enqueues. It runs against a real Celery
+the middle of a flood of users' messages and enqueues. In two seeds of three the first bot
+answers its users with a model (a fake one that takes a second): those answers are awaiting
+runs on the worker's event loop (bots/aio.py), in flight when the blows fall. It runs against a real Celery
 worker, a real celery-beat running the sweeper every 15 s (production's defaults), gunicorn
 with the webhook, a private redis-server, a private PostgreSQL cluster (migrated once per module into a
 template, a database copied from it per seed) and a Bot API sandbox over HTTP. A failure
@@ -24,6 +26,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from bots.sandbox.model import FakeModel
 from bots.sandbox.server import SandboxServer
 from tests.conftest import make_bot
 from tests.e2e import chaos
@@ -97,6 +100,14 @@ def private_database(private_postgres: PrivatePostgres, transactional_db: None, 
 
 
 @pytest.fixture
+def fake_model() -> Iterator[FakeModel]:
+    """The OpenAI-compatible model of a schedule whose first bot answers with one."""
+    model = FakeModel().start()
+    yield model
+    model.stop()
+
+
+@pytest.fixture
 def own_sandbox() -> Iterator[SandboxServer]:
     """A sandbox on a fixed port of this test's own, which the schedule stops and restarts."""
     server = SandboxServer(port=free_port()).start()
@@ -112,6 +123,7 @@ def test_every_message_ends_sent_once_or_visible_to_an_operator_after_a_seeded_f
     processes: list[Process],
     private_redis: chaos.PrivateRedis,
     own_sandbox: SandboxServer,
+    fake_model: FakeModel,
 ) -> None:
     schedule = chaos.make_schedule(seed)
     env = {
@@ -120,9 +132,13 @@ def test_every_message_ends_sent_once_or_visible_to_an_operator_after_a_seeded_f
         "REDIS_URL": private_redis.url,
         "DATABASE_URL": private_postgres.url(private_database),
     }
+    if schedule.model:
+        env |= {"OPENAI_BASE_URL": fake_model.base_url, "DOVECOTE_ASYNC_CONCURRENCY": "256"}
+        fake_model.delay = chaos.MODEL_SECONDS
     run = chaos.Run(schedule)
-    for _ in range(schedule.bots):
-        bot = make_bot(own_sandbox.base_url, rate_limit=30)
+    for i in range(schedule.bots):
+        responder = "openai" if schedule.model and i == 0 else "echo"
+        bot = make_bot(own_sandbox.base_url, rate_limit=30, responder=responder)
         run.bot_ids.append(bot.pk)
         run.tokens.append(bot.token)
     with chaos.broker_at(private_redis.url):
@@ -156,6 +172,8 @@ def test_every_message_ends_sent_once_or_visible_to_an_operator_after_a_seeded_f
         chaos.record_result(run, summary=summary, problems=problems, report=text)
         if problems:
             pytest.fail(text, pytrace=False)
+        if schedule.model and any(m.webhook and m.bot == 0 for m in schedule.messages):
+            assert fake_model.answered > 0, "the first bot's users were answered without its model"
 
 
 def bot_name(bot_id: int) -> str:
