@@ -1,7 +1,8 @@
 """Consumers: how developers extend Dovecote.
 
-A consumer is a function that processes one stored update. Register it in any app's
-`consumers.py` (discovered at start-up)::
+A consumer is a function that processes one stored update. Register it in any installed
+app's `consumers.py`, or in a module named by DOVECOTE_CONSUMER_MODULES (both imported at
+start-up)::
 
     from bots.registry import consumer
 
@@ -30,6 +31,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import cached_property
+from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 from django.utils.module_loading import autodiscover_modules
@@ -236,7 +238,19 @@ def wanted_update_types() -> list[str]:
 
 
 def autodiscover() -> None:
+    """Import every installed app's consumers.py, then the modules named by
+    DOVECOTE_CONSUMER_MODULES; one that cannot be imported stops the process, naming it."""
+    from django.conf import settings
+    from django.core.exceptions import ImproperlyConfigured
+
     autodiscover_modules("consumers")
+    for module in settings.DOVECOTE_CONSUMER_MODULES:
+        try:
+            import_module(module)
+        except ImportError as exc:
+            raise ImproperlyConfigured(
+                f"DOVECOTE_CONSUMER_MODULES names {module!r}, which cannot be imported: {exc}"
+            ) from exc
 
 
 class ConsumerContext:
