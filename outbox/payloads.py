@@ -51,3 +51,27 @@ def _clip(value: Any, depth: int, max_depth: int) -> Any:
     if isinstance(value, dict):
         return {k: _clip(v, depth + 1, max_depth) for k, v in value.items()}
     return [_clip(v, depth + 1, max_depth) for v in value]
+
+
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def plain(value: Any, *, _depth: int = 0) -> Any:
+    """`value` with python-telegram-bot's objects (a TelegramObject: InlineKeyboardMarkup,
+    MessageEntity, ...) turned into the JSON they stand for (`to_dict()`), at any place in
+    dicts, lists and tuples, so a caller may pass them wherever a Bot API parameter takes
+    one. Anything else is returned as it is, for the payload's checks to accept or refuse;
+    a payload without such objects comes back unchanged (the same object)."""
+    if isinstance(value, _SCALARS) or _depth > MAX_JSON_DEPTH:
+        return value
+    if isinstance(value, dict):
+        converted = {k: plain(v, _depth=_depth + 1) for k, v in value.items()}
+        return value if all(converted[k] is v for k, v in value.items()) else converted
+    if isinstance(value, list | tuple):
+        items = [plain(v, _depth=_depth + 1) for v in value]
+        return value if isinstance(value, list) and all(a is b for a, b in zip(items, value, strict=True)) else items
+    from telegram import TelegramObject
+
+    if isinstance(value, TelegramObject):
+        return value.to_dict()
+    return value

@@ -23,6 +23,7 @@ from outbox.dispatch import dispatch, kick_chat
 from outbox.logs import current_trace_id
 from outbox.methods import SUPPORTED_METHODS, ordered_by_default
 from outbox.models import OnAmbiguous, OutboundMessage, State
+from outbox.payloads import plain
 from outbox.workers import worker_id
 from project import rows
 
@@ -339,6 +340,7 @@ def _prepared(
     max_attempts: int | None = None,
 ) -> _Call:
     """A call checked and made a row (unsaved): what both enqueues write."""
+    payload = plain(payload)
     validate_call(method, chat_id, payload, splittable=True)
     _validate_options(
         idempotency_key=idempotency_key, send_at=send_at, expires_at=expires_at, on_ambiguous=on_ambiguous
@@ -532,6 +534,7 @@ def broadcast_enqueue(
     """
     if not chat_ids:
         raise MessageRejected("chat_ids must not be empty", field="chat_ids")
+    payload = plain(payload)
     fingerprints: dict[int, str] = {}
     for chat_id in dict.fromkeys(chat_ids):
         validate_call(method, chat_id, payload)
