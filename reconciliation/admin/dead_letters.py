@@ -48,7 +48,16 @@ class TriageDeadLetterAdmin(ExactSearchMixin, RedactedFieldsMixin, admin.ModelAd
         "owner",
     ]
     list_display_links = ["id", "created_at"]
-    list_filter = ["status", "reason_class", "bot", ConsumerFilter, KindFilter, AgeBucketFilter, "owner"]
+    list_filter = [
+        "status",
+        "reason_class",
+        "bot",
+        ConsumerFilter,
+        KindFilter,
+        AgeBucketFilter,
+        # The owners dead letters have, not every user (API clients are users too).
+        ("owner", admin.RelatedOnlyFieldListFilter),
+    ]
     # One box for chat id, trace id and idempotency key, exactly (ExactSearchMixin).
     search_fields = ["=chat_id", "=trace_id", "=idempotency_key"]
     exact_text_fields = ("trace_id", "idempotency_key")
