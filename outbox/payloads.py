@@ -75,3 +75,11 @@ def plain(value: Any, *, _depth: int = 0) -> Any:
     if isinstance(value, TelegramObject):
         return value.to_dict()
     return value
+
+
+def pretty_json(value: Any) -> str:
+    """Stored JSON as the admin shows it (read-only): indented, non-ASCII as it is, clipped
+    below MAX_JSON_DEPTH. A value JSON cannot spell (none should be stored) shows as text."""
+    import json
+
+    return json.dumps(clip(value), indent=2, ensure_ascii=False, default=str)
