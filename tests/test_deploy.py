@@ -440,9 +440,12 @@ def test_the_readmes_honcho_command_serves_the_web_where_the_readme_says(process
     # honcho gives each process PORT (5000 unless told otherwise): the README's command must
     # name the port the rest of the README uses, and honcho's port must reach gunicorn.
     readme = (ROOT / "README.md").read_text()
-    [command] = [line for line in readme.splitlines() if line.startswith("honcho start")]
-    documented = re.match(r"honcho start -p (\d+) web worker beat\b", command)
-    assert documented, command
+    commands = [line for line in readme.splitlines() if line.startswith("honcho start")]
+    assert commands
+    for command in commands:
+        documented = re.match(r"honcho start -p (\d+) web worker beat\b", command)
+        assert documented, command
+        assert documented[1] == "8000", command
     assert f"http://127.0.0.1:{documented[1]}/api/v1/messages/" in readme
 
     port = free_port()
