@@ -247,7 +247,7 @@ def autodiscover() -> None:
     for module in settings.DOVECOTE_CONSUMER_MODULES:
         try:
             import_module(module)
-        except ImportError as exc:
+        except (ImportError, ValueError, TypeError) as exc:  # no such module, a malformed name
             raise ImproperlyConfigured(
                 f"DOVECOTE_CONSUMER_MODULES names {module!r}, which cannot be imported: {exc}"
             ) from exc

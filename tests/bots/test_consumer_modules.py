@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import subprocess
 
+import pytest
+
 from tests.support import ROOT, VENV_BIN
 
 
@@ -24,9 +26,10 @@ def test_a_consumer_module_named_in_the_setting_is_discovered(process_env, bot, 
     assert allowed == ["callback_query", "message"]
 
 
-def test_a_consumer_module_that_cannot_be_imported_stops_the_process_naming_it(process_env) -> None:
-    env = {**process_env, "DOVECOTE_CONSUMER_MODULES": "shop.no_such_consumers"}
+@pytest.mark.parametrize("module", ["shop.no_such_consumers", ".relative", "shop..consumers"])
+def test_a_consumer_module_that_cannot_be_imported_stops_the_process_naming_it(process_env, module) -> None:
+    env = {**process_env, "DOVECOTE_CONSUMER_MODULES": f"tests.bots.extension.shop_consumers,{module}"}
     done = manage(env, "check")
 
     assert done.returncode != 0
-    assert "DOVECOTE_CONSUMER_MODULES names 'shop.no_such_consumers'" in done.stderr
+    assert f"DOVECOTE_CONSUMER_MODULES names {module!r}, which cannot be imported" in done.stderr
