@@ -54,6 +54,7 @@ def _clip(value: Any, depth: int, max_depth: int) -> Any:
 
 
 _SCALARS = (str, int, float, bool, type(None))
+_SCALAR_TYPES = frozenset(_SCALARS)
 
 
 def plain(value: Any, *, _depth: int = 0) -> Any:
@@ -65,6 +66,9 @@ def plain(value: Any, *, _depth: int = 0) -> Any:
     if isinstance(value, _SCALARS) or _depth > MAX_JSON_DEPTH:
         return value
     if isinstance(value, dict):
+        # Every reply's payload ({"text": ...}): nothing to walk into.
+        if all(type(v) in _SCALAR_TYPES for v in value.values()):
+            return value
         converted = {k: plain(v, _depth=_depth + 1) for k, v in value.items()}
         return value if all(converted[k] is v for k, v in value.items()) else converted
     if isinstance(value, list | tuple):
