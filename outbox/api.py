@@ -205,6 +205,7 @@ class MessagesView(_View):
         ],
         responses={200: MessagePageSerializer, 400: OpenApiResponse(description="A bad filter, named."), 403: None},
         summary="The messages of the client's bots, newest first, a page at a time",
+        operation_id="v1_messages_list",
     )
     def get(self, request: Request) -> Response:
         query = _list_query(request)
