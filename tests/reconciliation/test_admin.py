@@ -541,3 +541,11 @@ def test_a_dead_letter_is_assigned_to_staff_operators_only_never_an_api_client(b
     assert admin.post(change_url(letter), {"owner": operator.pk}).status_code == 302
     letter.refresh_from_db()
     assert letter.owner_id == operator.pk
+
+    changelist = reverse("admin:outbox_deadletter_changelist")
+    listed = admin.get(changelist).content.decode()
+    assert f"?owner={operator.pk}" in listed
+    assert f"?owner={client_user.pk}" not in listed
+    assert admin.get(changelist, {"owner": operator.pk}).context["cl"].result_count == 1
+    assert admin.get(changelist, {"owner": "none"}).context["cl"].result_count == 0
+    assert admin.get(changelist, {"owner": "olga"}).status_code == 200  # not an id: no filter, no 500
