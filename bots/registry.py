@@ -1,7 +1,8 @@
 """Consumers: how developers extend Dovecote.
 
-A consumer is a function that processes one stored update. Register it in any installed app's
-`consumers.py` (discovered at start-up)::
+A consumer is a function that processes one stored update. Register it in any installed
+app's `consumers.py`, or in a module named by DOVECOTE_CONSUMER_MODULES (both imported at
+start-up)::
 
     from bots.registry import consumer
 
@@ -28,6 +29,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import cached_property
+from importlib import import_module
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.utils.module_loading import autodiscover_modules
@@ -80,8 +82,10 @@ class Defer(Exception):
 
 DEFAULT_BACKOFF = (1.0, 10.0, 60.0, 300.0)
 
-# Every update type, for setWebhook when a consumer wants all of them: leaving
-# allowed_updates out would keep whatever list was set before.
+# Every update type of the Bot API, as python-telegram-bot 22.x lists them
+# (telegram.constants.UpdateType; tests/bots/test_getting_updates.py keeps the two equal).
+# Spelled out rather than imported: the registry is imported by every process, the
+# telegram package is not needed to read it.
 ALL_UPDATE_TYPES: tuple[str, ...] = (
     "message",
     "edited_message",
@@ -106,7 +110,13 @@ ALL_UPDATE_TYPES: tuple[str, ...] = (
     "chat_join_request",
     "chat_boost",
     "removed_chat_boost",
+    "managed_bot",
+    "guest_message",
 )
+
+# Telegram's own default when allowed_updates is empty: all but these opt-in types.
+_OPT_IN_UPDATE_TYPES = frozenset({"chat_member", "message_reaction", "message_reaction_count"})
+TELEGRAM_DEFAULT_UPDATE_TYPES: tuple[str, ...] = tuple(t for t in ALL_UPDATE_TYPES if t not in _OPT_IN_UPDATE_TYPES)
 
 
 @dataclass(frozen=True)
@@ -240,19 +250,32 @@ def matching(update: InboundUpdate) -> list[ConsumerSpec]:
 
 
 def wanted_update_types() -> list[str]:
-    """Update types the enabled consumers need (for setWebhook's allowed_updates)."""
+    """Update types to ask Telegram for (setWebhook's and getUpdates' allowed_updates): the
+    union of what the enabled consumers declare. A consumer that declares none (analytics)
+    takes whatever the others make arrive, so it widens nothing: asking for every type on
+    its behalf would store updates no consumer acts on. With no consumer declaring any,
+    Telegram's own default set."""
     types: set[str] = set()
     for spec in _registry.values():
-        if not spec.enabled():
-            continue
-        if spec.update_types is None:
-            return list(ALL_UPDATE_TYPES)
-        types |= spec.update_types
-    return sorted(types)
+        if spec.enabled() and spec.update_types is not None:
+            types |= spec.update_types
+    return sorted(types or TELEGRAM_DEFAULT_UPDATE_TYPES)
 
 
 def autodiscover() -> None:
+    """Import every installed app's consumers.py, then the modules named by
+    DOVECOTE_CONSUMER_MODULES; one that cannot be imported stops the process, naming it."""
+    from django.conf import settings
+    from django.core.exceptions import ImproperlyConfigured
+
     autodiscover_modules("consumers")
+    for module in settings.DOVECOTE_CONSUMER_MODULES:
+        try:
+            import_module(module)
+        except (ImportError, ValueError, TypeError) as exc:  # no such module, a malformed name
+            raise ImproperlyConfigured(
+                f"DOVECOTE_CONSUMER_MODULES names {module!r}, which cannot be imported: {exc}"
+            ) from exc
 
 
 class ConsumerContext:

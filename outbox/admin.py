@@ -5,10 +5,12 @@ from django.core.paginator import Paginator
 from django.db.models import IntegerField, QuerySet
 from django.http import HttpRequest
 from django.utils.functional import cached_property
+from django.utils.html import format_html
 
 from outbox.logs import redact
 from outbox.masking import can_view_payload, mask
 from outbox.models import ApiClient, Attempt, Circuit, Effect, ErrorClass
+from outbox.payloads import pretty_json
 from project.ids import int64_or_none
 
 
@@ -40,7 +42,7 @@ class RedactedFieldsMixin:
         for name in cls.redacted_text_fields:
             setattr(cls, f"{name}_redacted", _display(name, lambda v: redact(v or "")))
         for name in cls.redacted_json_fields:
-            setattr(cls, f"{name}_redacted", _display(name, mask))
+            setattr(cls, f"{name}_redacted", _display(name, _masked_json))
 
     def _redacted(self, request, names) -> list[str]:
         if can_view_payload(request.user):
@@ -177,6 +179,10 @@ class ExactSearchMixin:
             queryset, search_term, self.exact_text_fields, self.exact_int_fields, self.exact_per_bot_fields
         )
         return found, False
+
+
+def _masked_json(value: Any) -> str:
+    return format_html("<pre class='dovecote-json'>{}</pre>", pretty_json(mask(value)))
 
 
 def _display(name: str, redact_value: Any) -> Any:

@@ -4,6 +4,8 @@ POST /api/v1/messages/ and /api/v1/broadcasts/ require an Idempotency-Key header
 200 replay of the first answer, 422 same key with another body, 409 while the first request
 is still in progress, 400 missing or invalid key. A bot the client may not use is 403 before
 any of that, replays included, and a replay's payload is masked as the client may read it now.
+GET /api/v1/messages/ lists the messages of the client's bots, newest first, a cursor page at
+a time. Keys read back as the client sent them (services.client_key_shown).
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from django.db import transaction
 from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
-from rest_framework import parsers, status
-from rest_framework.exceptions import ParseError
+from rest_framework import parsers, serializers, status
+from rest_framework.exceptions import NotFound, ParseError, ValidationError
+from rest_framework.pagination import Cursor, CursorPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -25,14 +28,18 @@ from outbox import idempotency, masking, selectors, services
 from outbox.models import OutboundMessage
 from outbox.payloads import MAX_JSON_DEPTH, json_depth
 from outbox.serializers import (
+    MAX_LIST_PAGE,
     BroadcastCreateSerializer,
     BroadcastResultSerializer,
     CancelSerializer,
     ErrorSerializer,
     MessageCreateSerializer,
+    MessageListQuerySerializer,
     MessageSerializer,
+    MessageSummarySerializer,
     bot_named,
 )
+from project.ids import int64_or_none
 
 IDEMPOTENCY_HEADER = OpenApiParameter(
     "Idempotency-Key",
@@ -134,9 +141,52 @@ def _visible(request: Request) -> Any:
     return OutboundMessage.objects.all() if allowed is None else OutboundMessage.objects.filter(bot_id__in=allowed)
 
 
+def _client(request: Request) -> dict[str, str]:
+    """The serializers' context: whose keys to show as they were sent."""
+    return {"client": str(request.user.pk)}
+
+
 def _message_body(message_id: int, request: Request) -> dict[str, Any]:
     message = OutboundMessage.objects.select_related("bot").prefetch_related("attempt_set").get(pk=message_id)
-    return _as_seen_by(request, MessageSerializer(message).data)
+    return _as_seen_by(request, MessageSerializer(message, context=_client(request)).data)
+
+
+class MessagePages(CursorPagination):
+    """Newest first, a page at a time; the `next` link stays right while messages are added.
+    A cursor that is not one of ours is a 400 naming it (DRF's answer would be a 404, or a
+    500 for a position that is not a number)."""
+
+    ordering = "-id"
+    page_size = 50
+    page_size_query_param = "limit"
+    max_page_size = MAX_LIST_PAGE
+    bad_cursor = "invalid cursor: pass on the `next` or `previous` link as it came"
+
+    def decode_cursor(self, request: Request) -> Cursor | None:
+        try:
+            cursor = super().decode_cursor(request)
+        except NotFound:
+            raise ValidationError({"cursor": [self.bad_cursor]}) from None
+        if cursor is not None and cursor.position is not None and int64_or_none(str(cursor.position)) is None:
+            raise ValidationError({"cursor": [self.bad_cursor]})
+        return cursor
+
+
+def _list_query(request: Request) -> dict[str, Any]:
+    """The list's filters from the query string, checked (a 400 names each bad one)."""
+    query = request.query_params
+    data: dict[str, Any] = {name: query[name] for name in ("bot", "chat_id", "limit") if name in query}
+    if "state" in query:
+        data["state"] = [s.strip() for value in query.getlist("state") for s in value.split(",") if s.strip()]
+    checked = MessageListQuerySerializer(data=data)
+    checked.is_valid(raise_exception=True)
+    return checked.validated_data
+
+
+class MessagePageSerializer(serializers.Serializer):
+    next = serializers.URLField(allow_null=True, help_text="The next (older) page, or null.")
+    previous = serializers.URLField(allow_null=True, help_text="The previous (newer) page, or null.")
+    results = MessageSummarySerializer(many=True)
 
 
 def _as_seen_by(request: Request, body: dict[str, Any]) -> dict[str, Any]:
@@ -147,7 +197,34 @@ def _as_seen_by(request: Request, body: dict[str, Any]) -> dict[str, Any]:
     return {**body, "payload": masking.mask(body.get("payload") or {})}
 
 
-class MessageCreateView(_View):
+class MessagesView(_View):
+    @extend_schema(
+        parameters=[
+            MessageListQuerySerializer,
+            OpenApiParameter("cursor", OpenApiTypes.STR, description="From a page's next or previous link."),
+        ],
+        responses={200: MessagePageSerializer, 400: OpenApiResponse(description="A bad filter, named."), 403: None},
+        summary="The messages of the client's bots, newest first, a page at a time",
+        operation_id="v1_messages_list",
+    )
+    def get(self, request: Request) -> Response:
+        query = _list_query(request)
+        messages = _visible(request).select_related("bot")
+        bot = query.get("bot")
+        if bot is not None:
+            forbidden = _forbidden_bot(request, bot)
+            if forbidden is not None:
+                return forbidden
+            messages = messages.filter(bot=bot)
+        if query.get("state"):
+            messages = messages.filter(state__in=query["state"])
+        if "chat_id" in query:
+            messages = messages.filter(chat_id=query["chat_id"])
+        pages = MessagePages()
+        page = pages.paginate_queryset(messages, request, view=self)
+        rows = MessageSummarySerializer(page, many=True, context=_client(request)).data
+        return pages.get_paginated_response([_as_seen_by(request, row) for row in rows])
+
     @extend_schema(
         request=MessageCreateSerializer,
         parameters=[IDEMPOTENCY_HEADER],
@@ -242,7 +319,7 @@ class BroadcastCreateView(_View):
             except services.IdempotencyConflict:
                 return _key_reused()
             body = {
-                "broadcast": broadcast_key,
+                "broadcast": key,
                 "bot": data["bot"].name,
                 "count": len(result.message_ids),
                 "created": result.created,

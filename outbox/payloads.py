@@ -51,3 +51,39 @@ def _clip(value: Any, depth: int, max_depth: int) -> Any:
     if isinstance(value, dict):
         return {k: _clip(v, depth + 1, max_depth) for k, v in value.items()}
     return [_clip(v, depth + 1, max_depth) for v in value]
+
+
+_SCALARS = (str, int, float, bool, type(None))
+_SCALAR_TYPES = frozenset(_SCALARS)
+
+
+def plain(value: Any, *, _depth: int = 0) -> Any:
+    """`value` with python-telegram-bot's objects (a TelegramObject: InlineKeyboardMarkup,
+    MessageEntity, ...) turned into the JSON they stand for (`to_dict()`), at any place in
+    dicts, lists and tuples, so a caller may pass them wherever a Bot API parameter takes
+    one. Anything else is returned as it is, for the payload's checks to accept or refuse;
+    a payload without such objects comes back unchanged (the same object)."""
+    if isinstance(value, _SCALARS) or _depth > MAX_JSON_DEPTH:
+        return value
+    if isinstance(value, dict):
+        # Every reply's payload ({"text": ...}): nothing to walk into.
+        if all(type(v) in _SCALAR_TYPES for v in value.values()):
+            return value
+        converted = {k: plain(v, _depth=_depth + 1) for k, v in value.items()}
+        return value if all(converted[k] is v for k, v in value.items()) else converted
+    if isinstance(value, list | tuple):
+        items = [plain(v, _depth=_depth + 1) for v in value]
+        return value if isinstance(value, list) and all(a is b for a, b in zip(items, value, strict=True)) else items
+    from telegram import TelegramObject
+
+    if isinstance(value, TelegramObject):
+        return value.to_dict()
+    return value
+
+
+def pretty_json(value: Any) -> str:
+    """Stored JSON as the admin shows it (read-only): indented, non-ASCII as it is, clipped
+    below MAX_JSON_DEPTH. A value JSON cannot spell (none should be stored) shows as text."""
+    import json
+
+    return json.dumps(clip(value), indent=2, ensure_ascii=False, default=str)

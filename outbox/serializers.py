@@ -9,12 +9,13 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from outbox import selectors
+from outbox import selectors, services
 from outbox.methods import SUPPORTED_METHODS
-from outbox.models import Attempt, OnAmbiguous, OutboundMessage
+from outbox.models import Attempt, OnAmbiguous, OutboundMessage, State
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_BROADCAST_CHATS = 10_000
+MAX_LIST_PAGE = 200
 
 
 def _bot_model() -> Any:
@@ -110,12 +111,32 @@ class AttemptSerializer(serializers.ModelSerializer):
         ]
 
 
-class MessageSerializer(serializers.ModelSerializer):
+class _ClientKeys:
+    """`idempotency_key` and `broadcast` as the requesting client (context "client", its
+    user id) sent them: without the prefix the outbox keeps clients' keys apart with."""
+
+    def to_representation(self, instance: Any) -> dict[str, Any]:
+        data = super().to_representation(instance)  # type: ignore[misc]
+        client = self.context.get("client")  # type: ignore[attr-defined]
+        if client is not None:
+            for name in ("idempotency_key", "broadcast"):
+                if data.get(name):
+                    data[name] = services.client_key_shown(data[name], client=client)
+        return data
+
+
+class MessageSummarySerializer(_ClientKeys, serializers.ModelSerializer):
+    """A message in the list: its fields without the attempts' rows and the parts."""
+
     bot = serializers.CharField(source="bot.name")
-    attempts_list = AttemptSerializer(source="attempt_set", many=True, read_only=True)
-    parts = serializers.SerializerMethodField(
-        help_text="Ids of the messages this request became, in send order: a text longer than Telegram "
-        "allows is split into several, and this message is the first; otherwise just this id."
+    attempts = serializers.IntegerField(help_text="How many attempts were made (of max_attempts).")
+    idempotency_key = serializers.CharField(
+        help_text="The Idempotency-Key you sent (a broadcast's message: bc:<key>:<chat_id>); "
+        "messages that consumers or other clients wrote show their own key."
+    )
+    trace_id = serializers.CharField(
+        help_text="Follows the message through logs, attempts and dead letters: its update's, or its own "
+        "(one per API request)."
     )
 
     class Meta:
@@ -145,9 +166,24 @@ class MessageSerializer(serializers.ModelSerializer):
             "sent_at",
             "updated_at",
             "payload_purged_at",
-            "attempts_list",
-            "parts",
         ]
+        read_only_fields = fields
+
+
+class MessageSerializer(MessageSummarySerializer):
+    attempts_list = AttemptSerializer(
+        source="attempt_set",
+        many=True,
+        read_only=True,
+        help_text="Each attempt: its outcome (the error class), HTTP status, Telegram's code and description.",
+    )
+    parts = serializers.SerializerMethodField(
+        help_text="Ids of the messages this request became, in send order: a text longer than Telegram "
+        "allows is split into several, and this message is the first; otherwise just this id."
+    )
+
+    class Meta(MessageSummarySerializer.Meta):
+        fields = [*MessageSummarySerializer.Meta.fields, "attempts_list", "parts"]
         read_only_fields = fields
 
     @extend_schema_field(serializers.ListField(child=serializers.IntegerField()))
@@ -155,8 +191,33 @@ class MessageSerializer(serializers.ModelSerializer):
         return selectors.outbound_message_part_ids(message)
 
 
+class MessageListQuerySerializer(serializers.Serializer):
+    """GET /api/v1/messages/'s filters; `cursor` is the paginator's."""
+
+    bot = serializers.CharField(required=False, help_text="Only this bot's messages (its name).")
+    state = serializers.ListField(
+        child=serializers.ChoiceField(choices=State.values),
+        required=False,
+        help_text="Only messages in these states: repeat the parameter or separate them by commas.",
+    )
+    chat_id = serializers.IntegerField(
+        required=False, min_value=INT64_MIN, max_value=INT64_MAX, help_text="Only messages to this chat."
+    )
+    limit = serializers.IntegerField(
+        required=False, min_value=1, max_value=MAX_LIST_PAGE, help_text=f"Messages per page (1-{MAX_LIST_PAGE})."
+    )
+
+    def validate_bot(self, name: str) -> Any:
+        if not 1 <= len(name) <= 64:
+            raise serializers.ValidationError("a bot name is a string of 1-64 characters")
+        bot = bot_named(name)
+        if bot is None:
+            raise serializers.ValidationError(f"unknown bot {name!r}")
+        return bot
+
+
 class BroadcastResultSerializer(serializers.Serializer):
-    broadcast = serializers.CharField(help_text="The broadcast's key in the outbox.")
+    broadcast = serializers.CharField(help_text="The broadcast's Idempotency-Key, as you sent it.")
     bot = serializers.CharField()
     count = serializers.IntegerField(help_text="Messages in the broadcast (one per distinct chat).")
     created = serializers.IntegerField(help_text="Messages created by this request.")

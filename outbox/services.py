@@ -23,8 +23,10 @@ from outbox.dispatch import dispatch, kick_chat
 from outbox.logs import current_trace_id
 from outbox.methods import SUPPORTED_METHODS, ordered_by_default
 from outbox.models import OnAmbiguous, OutboundMessage, State
+from outbox.payloads import plain
 from outbox.workers import worker_id
 from project import rows
+from project.ids import time_ordered_id
 
 logger = logging.getLogger(__name__)
 
@@ -339,6 +341,7 @@ def _prepared(
     max_attempts: int | None = None,
 ) -> _Call:
     """A call checked and made a row (unsaved): what both enqueues write."""
+    payload = plain(payload)
     validate_call(method, chat_id, payload, splittable=True)
     _validate_options(
         idempotency_key=idempotency_key, send_at=send_at, expires_at=expires_at, on_ambiguous=on_ambiguous
@@ -351,7 +354,8 @@ def _prepared(
         "chat_id": chat_id,
         "method": method,
         "payload": payloads[0],
-        "trace_id": trace_id or current_trace_id.get(),
+        # A call made outside any update's trace (the API, a script) starts its own.
+        "trace_id": trace_id or current_trace_id.get() or time_ordered_id(),
         "source_update_id": source_update_id,
         "consumer": consumer,
         "user_id": user_id,
@@ -501,6 +505,18 @@ def client_key(*, client: str, key: str) -> str:
     return f"api:{client}:sha256:{hashlib.sha256(key.encode()).hexdigest()}"
 
 
+def client_key_shown(stored: str, *, client: str) -> str:
+    """A stored key as client `client` knows it: its own keys without the `api:<client>:`
+    that `client_key` put before them (also inside its broadcasts' message keys, `bc:`); a
+    key longer than fits shows as `sha256:<digest>`; anyone else's key as it is stored."""
+    own = f"api:{client}:"
+    if stored.startswith(own):
+        return stored[len(own) :]
+    if stored.startswith("bc:" + own):
+        return "bc:" + stored[len(own) + 3 :]
+    return stored
+
+
 def broadcast_message_key(broadcast_key: str, chat_id: int) -> str:
     """The outbox key of one chat's message in a broadcast: stable, at most 255 characters."""
     key = f"bc:{broadcast_key}:{chat_id}"
@@ -532,6 +548,7 @@ def broadcast_enqueue(
     """
     if not chat_ids:
         raise MessageRejected("chat_ids must not be empty", field="chat_ids")
+    payload = plain(payload)
     fingerprints: dict[int, str] = {}
     for chat_id in dict.fromkeys(chat_ids):
         validate_call(method, chat_id, payload)
@@ -544,7 +561,7 @@ def broadcast_enqueue(
         "method": method,
         "payload": payload,
         "broadcast": broadcast_key,
-        "trace_id": trace_id or current_trace_id.get(),
+        "trace_id": trace_id or current_trace_id.get() or time_ordered_id(),
         "send_at": send_at,
         "expires_at": expires_at,
         "on_ambiguous": on_ambiguous,

@@ -274,6 +274,9 @@ DOVECOTE_REPLY_DEBOUNCE_SECONDS = env.float("DOVECOTE_REPLY_DEBOUNCE_SECONDS", d
 DOVECOTE_REPLY_DELAY_RANGE = env.list("DOVECOTE_REPLY_DELAY_RANGE", cast=float, default=[])
 DOVECOTE_CRM_WEBHOOK_URL = env.str("DOVECOTE_CRM_WEBHOOK_URL", default="")
 DOVECOTE_CRM_LOOKUP = env.str("DOVECOTE_CRM_LOOKUP", default="")
+# Modules holding your consumers (dotted paths, comma-separated), imported at start-up beside
+# every installed app's consumers.py: a consumer needs no app of its own in INSTALLED_APPS.
+DOVECOTE_CONSUMER_MODULES = env.list("DOVECOTE_CONSUMER_MODULES", default=[])
 DOVECOTE_CRM_TIMEOUT = env.float("DOVECOTE_CRM_TIMEOUT", default=10.0)
 OPENAI_BASE_URL = env.str("OPENAI_BASE_URL", default="")
 OPENAI_API_KEY = env.str("OPENAI_API_KEY", default="")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import runpy
 import socket
 import subprocess
@@ -392,3 +393,23 @@ def test_every_process_refuses_to_start_with_a_malformed_service_url(process: st
     # One line, besides gunicorn's own "[time] [pid] [INFO] Starting gunicorn".
     [line] = [line for line in done.stderr.splitlines() if not line.startswith("[")]
     assert line.startswith(f"dovecote: {name}={url!r}: ")
+
+
+def test_the_readmes_honcho_command_serves_the_web_where_the_readme_says(processes: list[Process]) -> None:
+    # honcho gives each process PORT (5000 unless told otherwise): the README's command must
+    # name the port the rest of the README uses, and honcho's port must reach gunicorn.
+    readme = "\n".join((ROOT / path).read_text() for path in ("README.md", "docs/OPERATIONS.md", "docs/API.md"))
+    commands = [line for line in readme.splitlines() if line.startswith("honcho start")]
+    assert commands
+    for command in commands:
+        documented = re.match(r"honcho start -p (\d+) web worker beat\b", command)
+        assert documented, command
+        assert documented[1] == "8000", command
+    assert f"http://127.0.0.1:{documented[1]}/api/v1/messages/" in readme
+
+    port = free_port()
+    honcho = Process("honcho", [str(VENV_BIN / "honcho"), "start", "-p", str(port), "web"], platform_env(DEBUG="1"))
+    processes.append(honcho)
+    wait_until(lambda: "Listening at" in honcho.log() or not honcho.alive(), timeout=30, message="gunicorn to listen")
+    assert f"Listening at: http://0.0.0.0:{port}" in honcho.log()
+    assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).json() == {"ok": True}

@@ -25,7 +25,7 @@ from outbox.masking import can_view_payload, for_user
 from outbox.models import DeadLetter, DeadLetterStatus, ErrorClass
 from reconciliation import services, triage
 from reconciliation.admin.confirm import confirm_page
-from reconciliation.admin.filters import AgeBucketFilter, ConsumerFilter, KindFilter
+from reconciliation.admin.filters import AgeBucketFilter, ConsumerFilter, KindFilter, OwnerFilter
 from reconciliation.admin.forms import BulkRetryForm, DeadLetterForm, ReasonForm, RecoverSinceForm, RetryForm
 from reconciliation.admin.permissions import RESOLVE_PERMISSION, RETRY_PERMISSION
 from reconciliation.story import dead_letter_story
@@ -48,7 +48,15 @@ class TriageDeadLetterAdmin(ExactSearchMixin, RedactedFieldsMixin, admin.ModelAd
         "owner",
     ]
     list_display_links = ["id", "created_at"]
-    list_filter = ["status", "reason_class", "bot", ConsumerFilter, KindFilter, AgeBucketFilter, "owner"]
+    list_filter = [
+        "status",
+        "reason_class",
+        "bot",
+        ConsumerFilter,
+        KindFilter,
+        AgeBucketFilter,
+        OwnerFilter,
+    ]
     # One box for chat id, trace id and idempotency key, exactly (ExactSearchMixin).
     search_fields = ["=chat_id", "=trace_id", "=idempotency_key"]
     exact_text_fields = ("trace_id", "idempotency_key")

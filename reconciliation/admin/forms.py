@@ -75,3 +75,13 @@ class DeadLetterForm(forms.ModelForm):
     class Meta:
         model = DeadLetter
         fields = ["owner"]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Owners are the people who triage: active staff. API clients are users too (a token,
+        # no password, not staff) and must not be offered, nor accepted from a crafted POST.
+        owner = self.fields.get("owner")
+        if owner is None:  # a viewer's read-only form
+            return
+        owner.queryset = owner.queryset.filter(is_staff=True, is_active=True).order_by("username")
+        owner.help_text = "The operator (an active staff user) looking after this dead letter."

@@ -3,7 +3,6 @@ masked without it. The message, update and payload-version pages all render them
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from django.contrib import admin
@@ -12,11 +11,12 @@ from django.utils.html import format_html
 
 from outbox.admin import ReadOnlyAdmin
 from outbox.masking import can_view_payload, shown
+from outbox.payloads import pretty_json
 from reconciliation.models import PayloadVersion
 
 
 def _pretty(value: Any) -> str:
-    return format_html("<pre class='dovecote-json'>{}</pre>", json.dumps(value, indent=2, ensure_ascii=False))
+    return format_html("<pre class='dovecote-json'>{}</pre>", pretty_json(value))
 
 
 def mark_viewer(request: HttpRequest, obj: Any) -> Any:

@@ -49,12 +49,33 @@ def test_set_webhook_sends_the_secret_and_the_update_types_the_consumers_need(
     assert "callback_query, message" in out.getvalue()
 
 
-def test_set_webhook_lists_every_update_type_when_a_consumer_wants_them_all(bot, sandbox) -> None:
-    # The built-in analytics consumer wants every update; leaving allowed_updates out would
-    # keep Telegram's previous list, so the full list is sent.
+def test_set_webhook_asks_only_for_what_the_consumers_declare(bot, sandbox) -> None:
+    # The built-in consumers: auto_reply (and crm_webhook when configured) want messages;
+    # analytics declares nothing, which means "whatever arrives", not every type there is.
     call_command("set_webhook", bot.name, "--url", "https://bot.example.com", stdout=StringIO())
     allowed = sandbox.calls(token=bot.token, method="setWebhook")[-1]["params"]["allowed_updates"]
-    assert set(allowed) == set(registry.ALL_UPDATE_TYPES)
+    assert allowed == ["message"]
+    assert webhook_info(bot)["allowed_updates"] == ["message"]
+
+
+def test_set_webhook_asks_for_telegrams_default_when_no_consumer_declares_a_type(bot, sandbox) -> None:
+    saved = dict(registry._registry)
+    registry._registry.clear()
+    registry.consumer("observer")(lambda ctx: None)
+    try:
+        call_command("set_webhook", bot.name, "--url", "https://bot.example.com", stdout=StringIO())
+    finally:
+        registry._registry.clear()
+        registry._registry.update(saved)
+    allowed = sandbox.calls(token=bot.token, method="setWebhook")[-1]["params"]["allowed_updates"]
+    assert {"message", "callback_query"} <= set(allowed)
+    assert not {"chat_member", "message_reaction", "message_reaction_count"} & set(allowed)
+
+
+def test_the_update_types_are_the_bot_apis_as_python_telegram_bot_lists_them() -> None:
+    from telegram.constants import UpdateType
+
+    assert set(registry.ALL_UPDATE_TYPES) == {t.value for t in UpdateType}
 
 
 def test_set_webhook_drop_pending_drops_the_updates_telegram_holds(bot, sandbox) -> None:

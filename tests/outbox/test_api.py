@@ -225,9 +225,11 @@ def test_a_broadcast_makes_one_unordered_message_per_chat_with_derived_keys(alic
     assert (data["count"], data["created"]) == (3, 3)
     messages = OutboundMessage.objects.filter(pk__in=data["message_ids"])
     assert sorted(m.chat_id for m in messages) == [11, 12, 13]
-    assert all(not m.ordered and m.broadcast == data["broadcast"] for m in messages)
+    assert data["broadcast"] == "sale-2030"  # the key as the client sent it
+    stored = services.client_key(client=str(alice.user.pk), key="sale-2030")
+    assert all(not m.ordered and m.broadcast == stored for m in messages)
     assert {m.idempotency_key for m in messages} == {
-        services.broadcast_message_key(data["broadcast"], chat) for chat in (11, 12, 13)
+        services.broadcast_message_key(stored, chat) for chat in (11, 12, 13)
     }
     assert (replay.status_code, replay.json()) == (200, data)
     assert OutboundMessage.objects.count() == 3

@@ -515,3 +515,37 @@ def test_error_texts_that_echo_a_crm_body_are_redacted_without_payload_access(bo
         assert "Alice Smith" not in text, url
     full = logged_in(developer).get(change_url(letter)).content.decode()
     assert "alice@example.com" in full
+
+
+def test_a_dead_letter_is_assigned_to_staff_operators_only_never_an_api_client(bot, operator) -> None:
+    from outbox.services import api_client_add
+
+    client_user = api_client_add(name="crm-client", bot_names=[bot.name])[0].user
+    gone = persona("gina")
+    gone.is_active = False
+    gone.save(update_fields=["is_active"])
+    letter = failed_row(bot)
+    admin = logged_in(operator)
+
+    page = admin.get(change_url(letter)).content.decode()
+    assert f'<option value="{operator.pk}">olga</option>' in page
+    assert "crm-client" not in page
+    assert "gina" not in page
+
+    refused = admin.post(change_url(letter), {"owner": client_user.pk})
+    assert refused.status_code == 200  # the form again, with its error
+    assert "Select a valid choice" in refused.content.decode()
+    letter.refresh_from_db()
+    assert letter.owner_id is None
+
+    assert admin.post(change_url(letter), {"owner": operator.pk}).status_code == 302
+    letter.refresh_from_db()
+    assert letter.owner_id == operator.pk
+
+    changelist = reverse("admin:outbox_deadletter_changelist")
+    listed = admin.get(changelist).content.decode()
+    assert f"?owner={operator.pk}" in listed
+    assert f"?owner={client_user.pk}" not in listed
+    assert admin.get(changelist, {"owner": operator.pk}).context["cl"].result_count == 1
+    assert admin.get(changelist, {"owner": "none"}).context["cl"].result_count == 0
+    assert admin.get(changelist, {"owner": "olga"}).status_code == 200  # not an id: no filter, no 500

@@ -135,3 +135,30 @@ def test_every_user_supplied_value_of_an_update_is_shown_with_payload_access(bot
         assert [value for value in values if not shows(page, value)] == [], name
     exported = "\n".join(str(row) for row in export(client, *trail.letters))
     assert [value for value in trail.in_reply if not shows(exported, value)] == []
+
+
+def test_payloads_read_as_pretty_json_on_every_page_masked_without_the_permission(bot, operator, developer) -> None:
+    import html
+
+    from reconciliation.models import ReconciliationCase
+    from tests.reconciliation.triage_helpers import failed_row, logged_in
+
+    payload = {"text": "Your order shipped", "disable_notification": True, "reply_markup": {"inline_keyboard": []}}
+    letter = failed_row(bot, payload=payload)
+    case = ReconciliationCase.objects.create(
+        message_id=letter.message_id, idempotency_key=letter.idempotency_key
+    )
+    pages = [
+        reverse("admin:outbox_deadletter_change", args=[letter.pk]),
+        reverse("admin:reconciliation_reconciliationcase_change", args=[case.pk]),
+    ]
+    for url in pages:
+        full = html.unescape(logged_in(developer).get(url).content.decode())
+        assert '"disable_notification": true' in full, url
+        assert '"text": "Your order shipped"' in full, url
+        assert "'disable_notification': True" not in full, url
+
+        masked = html.unescape(logged_in(operator).get(url).content.decode())
+        assert '"text": "••• masked •••"' in masked, url
+        assert "Your order shipped" not in masked, url
+        assert "'text'" not in masked, url
