@@ -408,7 +408,9 @@ def test_the_readmes_honcho_command_serves_the_web_where_the_readme_says(process
     assert f"http://127.0.0.1:{documented[1]}/api/v1/messages/" in readme
 
     port = free_port()
-    honcho = Process("honcho", [str(VENV_BIN / "honcho"), "start", "-p", str(port), "web"], platform_env(DEBUG="1", **DEV_SERVICES))
+    honcho = Process(
+        "honcho", [str(VENV_BIN / "honcho"), "start", "-p", str(port), "web"], platform_env(DEBUG="1", **DEV_SERVICES)
+    )
     processes.append(honcho)
     wait_until(lambda: "Listening at" in honcho.log() or not honcho.alive(), timeout=30, message="gunicorn to listen")
     assert f"Listening at: http://0.0.0.0:{port}" in honcho.log()
