@@ -118,9 +118,12 @@ class ConsumerSpec:
     timeout: float | None = None
     inline: bool | Callable[[InboundUpdate], bool] = False
     batch: Callable[[list[ConsumerContext]], Sequence[Any] | None] | None = None
+    bot: str | None = None
 
     def wants(self, update: InboundUpdate) -> bool:
         if not self.enabled():
+            return False
+        if self.bot is not None and update.bot.name != self.bot:
             return False
         if self.update_types is not None and update.update_type not in self.update_types:
             return False
@@ -160,6 +163,7 @@ def consumer(
     timeout: float | None = None,
     inline: bool | Callable[[InboundUpdate], bool] = False,
     batch: Callable[[list[ConsumerContext]], Sequence[Any] | None] | None = None,
+    bot: str | None = None,
 ) -> Callable[[Callable[[ConsumerContext], Any]], Callable[[ConsumerContext], Any]]:
     """Register a consumer under a stable name (the name is stored in runs and keys).
 
@@ -175,7 +179,10 @@ def consumer(
     which a batch cannot answer for one run). If it raises, nothing is settled from it:
     each run is then tried alone with the consumer itself, its failure settled for that
     run only, so whatever the batch wrote before it failed must be safe to write again
-    (stable keys, insert once)."""
+    (stable keys, insert once).
+
+    `bot`: the name of the one bot whose updates it takes (a python-telegram-bot
+    application serves one bot, bots/ptb); by default every bot's."""
 
     def decorator(func: Callable[[ConsumerContext], Any]) -> Callable[[ConsumerContext], Any]:
         if name in _registry and _registry[name].func is not func:
@@ -192,6 +199,7 @@ def consumer(
             timeout=timeout,
             inline=inline,
             batch=batch,
+            bot=bot,
         )
         return func
 

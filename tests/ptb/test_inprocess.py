@@ -1,0 +1,61 @@
+"""The python-telegram-bot path driven in this process, hop by hop: route, run, send."""
+
+from __future__ import annotations
+
+import pytest
+
+from bots import registry
+from bots.models import ConsumerRun, RunState
+from bots.ptb import ptb_consumer
+from bots.ptb.models import CallKind, HandlerCall
+from bots.services import consumer_run_execute, inbox_update_route
+from outbox.models import OutboundMessage, State
+from tests.ptb.support import user_writes
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.hop_by_hop]
+
+
+@pytest.fixture
+def echo_bot(bot_factory):
+    bot = bot_factory(name="inproc-echo", responder="none")
+    ptb_consumer("inproc_echo", bot=bot.name, main="tests.ptb.examples.echobot:main")
+    yield bot
+    registry.unregister("inproc_echo")
+
+
+def handle(update) -> str:
+    inbox_update_route(update.pk)
+    run = ConsumerRun.objects.get(update=update, consumer="inproc_echo")
+    return consumer_run_execute(run.pk)
+
+
+def test_an_echo_is_sent_once_through_the_outbox_and_journaled(echo_bot, sandbox) -> None:
+    update = user_writes(sandbox, echo_bot, 7001, "hello there")
+    assert handle(update) == "done"
+
+    assert sandbox.sent_texts(token=echo_bot.token) == ["hello there"]
+    call = HandlerCall.objects.get(update=update, consumer="inproc_echo")
+    assert (call.ordinal, call.method, call.target, call.kind, call.ok) == (
+        0,
+        "sendMessage",
+        "chat_id=7001",
+        CallKind.OUTBOX,
+        True,
+    )
+    assert call.result["text"] == "hello there"
+    message = OutboundMessage.objects.get(pk=call.message_id)
+    assert message.state == State.SENT
+    assert message.result["message_id"] == message.telegram_message_id
+    run = ConsumerRun.objects.get(update=update, consumer="inproc_echo")
+    assert (run.state, run.attempts) == (RunState.DONE, 1)
+
+
+def test_a_rerun_replays_the_journal_and_sends_nothing_again(echo_bot, sandbox) -> None:
+    update = user_writes(sandbox, echo_bot, 7002, "once")
+    assert handle(update) == "done"
+    run = ConsumerRun.objects.get(update=update, consumer="inproc_echo")
+    ConsumerRun.objects.filter(pk=run.pk).update(state=RunState.PENDING)
+
+    assert consumer_run_execute(run.pk) == "done"
+    assert sandbox.sent_texts(token=echo_bot.token) == ["once"]
+    assert HandlerCall.objects.filter(update=update).count() == 1
