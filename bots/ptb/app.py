@@ -19,6 +19,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
 from bots.ptb.loop import run_coroutine
+from bots.ptb.persistence import make_conversations_persistent
 
 # The Dovecote bot whose application is being loaded (None: plain python-telegram-bot).
 _loading: ContextVar[str | None] = ContextVar("dovecote_ptb_loading", default=None)
@@ -55,10 +56,11 @@ class Application(tx.Application):
         builder = tx.ApplicationBuilder().application_class(Application)
         bot_name = _loading.get()
         if bot_name is not None:
+            from bots.ptb.persistence import DovecotePersistence
             from bots.ptb.request import DovecoteRequest
 
             builder = builder.request(DovecoteRequest(bot_name)).get_updates_request(DovecoteRequest(bot_name))
-            builder = builder.job_queue(None)
+            builder = builder.job_queue(None).persistence(DovecotePersistence())
         return builder
 
     def run_polling(self, *args: Any, **kwargs: Any) -> Any:
@@ -109,5 +111,6 @@ def load_application(*, bot: str, main: str | None = None, setup: str | None = N
     finally:
         _loading.reset(token)
         del _built[:]
+    make_conversations_persistent(application)
     run_coroutine(application.initialize())
     return application

@@ -39,6 +39,7 @@ from django.utils import timezone
 
 from bots.models import Bot, InboundUpdate
 from bots.ptb.models import CallKind, HandlerCall
+from bots.ptb.persistence import Snapshot
 from outbox import botapi, effects
 from outbox import dispatch as outbox_dispatch
 from outbox.failpoints import failpoint
@@ -152,15 +153,24 @@ class Handling:
     journal: dict[int, HandlerCall] = field(default_factory=dict)
     next_ordinal: int = 0
     errors: list[BaseException] = field(default_factory=list)
+    snapshot: Snapshot | None = None
 
     @property
     def bot(self) -> Bot:
         return self.update.bot
 
     @classmethod
-    def start(cls, *, update: InboundUpdate, consumer: str, trace_id: str) -> Handling:
+    def start(
+        cls, *, update: InboundUpdate, consumer: str, trace_id: str, snapshot: Snapshot | None = None
+    ) -> Handling:
         rows = HandlerCall.objects.filter(update=update, consumer=consumer)
-        return cls(update=update, consumer=consumer, trace_id=trace_id, journal={r.ordinal: r for r in rows})
+        return cls(
+            update=update,
+            consumer=consumer,
+            trace_id=trace_id,
+            journal={r.ordinal: r for r in rows},
+            snapshot=snapshot,
+        )
 
     def answer(self, method: str, params: dict[str, Any], *, has_files: bool = False) -> Answer:
         ordinal = self.next_ordinal

@@ -80,7 +80,9 @@ class HandlerData(models.Model):
     key = models.CharField(
         max_length=300, help_text="The user or chat id; for a conversation, its handler's name and key."
     )
-    data = models.JSONField(null=True, blank=True)
+    # Text, not jsonb: jsonb reorders an object's keys, and a handler's dict (user_data) keeps
+    # the order it was filled in, as python-telegram-bot's own persistences keep it.
+    data = models.TextField(help_text="The data as JSON, in the order the handler wrote it.")
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

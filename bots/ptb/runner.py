@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from bots import transitions
 from bots.models import ConsumerRun, RunState
-from bots.ptb import calls
+from bots.ptb import calls, persistence
 from bots.ptb.app import JobQueueUnavailable, load_application
 from bots.ptb.loop import run_coroutine
 from bots.registry import ConsumerContext, Defer, PermanentError, TransientError
@@ -64,11 +64,14 @@ def handle_update(app: PtbApp, ctx: ConsumerContext) -> str:
     if serial and _earlier_run_unfinished(ctx):
         raise Defer(timezone.now() + timedelta(seconds=CHAT_WAIT_SECONDS), reason="waiting for the chat's earlier run")
     application = app.application()
-    handling = calls.Handling.start(update=ctx.update, consumer=ctx.consumer, trace_id=ctx.trace_id)
+    update = telegram.Update.de_json(ctx.update.payload, application.bot)
+    conversations = persistence.conversation_keys(application, update)
+    snapshot = persistence.Snapshot.load(update=ctx.update, consumer=ctx.consumer, conversations=list(conversations))
+    persistence.load_conversations(conversations, snapshot)
+    handling = calls.Handling.start(update=ctx.update, consumer=ctx.consumer, trace_id=ctx.trace_id, snapshot=snapshot)
     token = calls.current.set(handling)
     try:
-        update = telegram.Update.de_json(ctx.update.payload, application.bot)
-        run_coroutine(application.process_update(update))
+        run_coroutine(_process(application, update))
     except calls.Suspended as wait:
         raise Defer(wait.until, reason=wait.reason[:64]) from None
     except (calls.NotDeterministic, JobQueueUnavailable) as stop:
@@ -80,12 +83,22 @@ def handle_update(app: PtbApp, ctx: ConsumerContext) -> str:
     outcome = f"handled ({handling.next_ordinal} calls)"
     failpoint("ptb_before_commit")
     with transaction.atomic():
+        snapshot.save()
         run_pk = ConsumerRun.objects.filter(update=ctx.update, consumer=ctx.consumer).values_list("pk", flat=True)[0]
-        transitions.mark_run_done(run_pk, worker=worker_id(), outcome=outcome)
+        if not transitions.mark_run_done(run_pk, worker=worker_id(), outcome=outcome):
+            # Its lease ran out and another worker has the run: nothing of this one is kept.
+            raise TransientError("the run's lease was lost before its completion; nothing of it is kept")
         if serial:
             transaction.on_commit(lambda: _wake_next_in_chat(ctx))
     failpoint("ptb_after_commit")
     return outcome
+
+
+async def _process(application: tx.Application, update: telegram.Update) -> None:
+    """The handling, then the data it changed handed to the persistence (which collects it
+    for the run's completion)."""
+    await application.process_update(update)
+    await application.update_persistence()
 
 
 def _chat_runs(ctx: ConsumerContext) -> Any:

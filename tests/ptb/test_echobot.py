@@ -19,44 +19,25 @@ from __future__ import annotations
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.test import override_settings
 
 from bots.models import ConsumerRun, RunState
 from bots.ptb.models import HandlerCall
 from outbox.models import OutboundMessage
 from reconciliation import services as reconciliation_services
 from reconciliation.models import CaseStatus, ReconciliationCase
-from reconciliation.sweeper import sweep
-from tests.ptb.support import PTB_SETTINGS, user_writes
-from tests.support import Process, start_worker, wait_until
+from tests.ptb.support import ptb_worker, sweep_once, user_writes
+from tests.support import Process, wait_until
 
 pytestmark = [pytest.mark.e2e]
 
 CHATS = [9101, 9102, 9103, 9104, 9105]
 PER_CHAT = 20
-LEASE = 2  # seconds: the workers' send and run leases, so that a dead worker is noticed fast
-
-
-def ptb_worker(process_env: dict[str, str], processes: list[Process], *, failpoint: str = "", name: str) -> Process:
-    env = {
-        **process_env,
-        "DJANGO_SETTINGS_MODULE": PTB_SETTINGS,
-        "DOVECOTE_SEND_LEASE_SECONDS": str(LEASE),
-        "DOVECOTE_CONSUMER_LEASE_SECONDS": str(LEASE),
-        "DOVECOTE_TEST_SILENCED_CHECKS": "dovecote.E001",
-    }
-    if failpoint:
-        env["DOVECOTE_FAILPOINTS"] = failpoint
-    proc = start_worker(env, pool="solo", concurrency=1, name=name)
-    processes.append(proc)
-    return proc
 
 
 def sweep_and_decide(bot, operator) -> None:
     """One sweep (no redispatch grace), then the operator's decision on each open case: the
     chat shows whether the message arrived."""
-    with override_settings(DOVECOTE_REDISPATCH_GRACE_SECONDS=0):
-        sweep()
+    sweep_once()
     for case in ReconciliationCase.objects.filter(status=CaseStatus.OPEN, message__bot=bot):
         if delivered(case.message):
             reconciliation_services.case_mark_delivered(case, operator, "the echo is in the chat")

@@ -103,3 +103,25 @@ def test_a_base_exception_from_the_request_escapes_the_handler_and_process_updat
         raised = exc
     assert isinstance(raised, _Stop)
     assert errors == []
+
+
+def test_the_conversation_handler_internals_persistence_fills_are_there() -> None:
+    """A ConversationHandler is made persistent after the bot built it, and its state for
+    the update's key is set before each run (bots/ptb/persistence.py): private names, so an
+    upgrade may move them."""
+    for name in ("_persistent", "_name", "_conversations", "_child_conversations"):
+        assert name in tx.ConversationHandler.__slots__, name
+    assert callable(tx.ConversationHandler._get_key)
+    from telegram.ext._utils.trackingdict import TrackingDict
+
+    tracked = TrackingDict()
+    tracked.update_no_track({("a",): 1})
+    assert tracked.data == {("a",): 1}
+    assert tracked.pop_accessed_write_items() == []
+
+
+def test_callback_context_refreshes_the_update_s_data_from_the_persistence() -> None:
+    source = inspect.getsource(tx.CallbackContext.refresh_data)
+    for hook in ("refresh_bot_data", "refresh_chat_data", "refresh_user_data"):
+        assert hook in source, hook
+    assert inspect.iscoroutinefunction(tx.Application.update_persistence)
