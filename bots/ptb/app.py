@@ -42,6 +42,16 @@ JOB_QUEUE_UNAVAILABLE = (
 )
 
 
+class NoJobQueue:
+    """Stands in for the job queue: any use of it stops the run (JobQueueUnavailable)."""
+
+    def __bool__(self) -> bool:
+        return False  # Application.start/stop: nothing to start or stop
+
+    def __getattr__(self, name: str) -> Any:
+        raise JobQueueUnavailable(JOB_QUEUE_UNAVAILABLE)
+
+
 class Application(tx.Application):
     """python-telegram-bot's Application; see the module's docstring."""
 
@@ -49,6 +59,9 @@ class Application(tx.Application):
         self.dovecote_bot = _loading.get()
         super().__init__(**kwargs)
         if self.dovecote_bot is not None:
+            # python-telegram-bot reads the job queue from this attribute (CallbackContext);
+            # its handlers get one that says why there is none, instead of None.
+            self._job_queue = NoJobQueue()
             _built.append(self)
 
     @staticmethod
@@ -73,11 +86,6 @@ class Application(tx.Application):
             raise Built(self)
         return super().run_webhook(*args, **kwargs)
 
-    @property
-    def job_queue(self) -> Any:
-        if getattr(self, "dovecote_bot", None) is not None:
-            raise JobQueueUnavailable(JOB_QUEUE_UNAVAILABLE)
-        return super().job_queue
 
 
 def _import(path: str) -> Callable[..., Any]:

@@ -292,6 +292,7 @@ class Handling:
             raise Suspended(_soon(WAIT_FOR_SEND_SECONDS), str(exc)) from None
         except (effects.EffectAmbiguous, _MaybeApplied) as exc:
             raise Suspended(_soon(WAIT_FOR_DECISION_SECONDS), f"{method}: outcome unknown ({exc})") from None
+        failpoint("ptb_after_effect")  # the effect is done and recorded, its journal row not answered
         stored = handle.result if isinstance(handle.result, dict) else {}
         if stored.get("ok") is False and isinstance(stored.get("error"), dict):
             return _record_error(row, stored["error"])

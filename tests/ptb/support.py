@@ -26,6 +26,7 @@ def ptb_worker(
     name: str,
     pool: str = "solo",
     concurrency: int = 1,
+    env: dict[str, str] | None = None,
 ) -> Process:
     """A Celery worker with the example bots' consumers (tests/ptb/consumers.py); `-P solo`
     by default, so that a failpoint's SIGKILL takes the whole worker down."""
@@ -35,12 +36,24 @@ def ptb_worker(
         "DOVECOTE_SEND_LEASE_SECONDS": str(LEASE),
         "DOVECOTE_CONSUMER_LEASE_SECONDS": str(LEASE),
         "DOVECOTE_TEST_SILENCED_CHECKS": "dovecote.E001",
+        **(env or {}),
     }
     if failpoint:
         env["DOVECOTE_FAILPOINTS"] = failpoint
     proc = start_worker(env, pool=pool, concurrency=concurrency, name=name)
     processes.append(proc)
     return proc
+
+
+def user_presses(sandbox: Any, bot: Bot, chat_id: int, data: str, *, message_id: int) -> InboundUpdate:
+    """A user presses an inline button of the bot's message `message_id`."""
+    payload = sandbox.push_callback(bot.token, chat_id, data, message_id=message_id)["update"]
+    update, _ = inbox_update_store(bot=bot, payload=payload)
+    return update
+
+
+def run_of(update: InboundUpdate, consumer: str) -> ConsumerRun:
+    return ConsumerRun.objects.get(update=update, consumer=consumer)
 
 
 def sweep_once() -> dict[str, int]:

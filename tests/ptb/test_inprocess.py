@@ -10,7 +10,7 @@ from bots.ptb import ptb_consumer
 from bots.ptb.models import CallKind, HandlerCall
 from bots.services import consumer_run_execute, inbox_update_route
 from outbox.models import OutboundMessage, State
-from tests.ptb.support import user_writes
+from tests.ptb.support import user_presses, user_writes
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.hop_by_hop]
 
@@ -59,3 +59,48 @@ def test_a_rerun_replays_the_journal_and_sends_nothing_again(echo_bot, sandbox) 
     assert consumer_run_execute(run.pk) == "done"
     assert sandbox.sent_texts(token=echo_bot.token) == ["once"]
     assert HandlerCall.objects.filter(update=update).count() == 1
+
+
+@pytest.fixture
+def timer_bot(bot_factory):
+    bot = bot_factory(name="inproc-timer", responder="none")
+    ptb_consumer("inproc_timer", bot=bot.name, main="tests.ptb.examples.timerbot:main")
+    yield bot
+    registry.unregister("inproc_timer")
+
+
+def test_timerbot_s_job_queue_is_a_dead_letter_saying_why(timer_bot, sandbox) -> None:
+    update = user_writes(sandbox, timer_bot, 7101, "/set 5")
+    inbox_update_route(update.pk)
+    run = ConsumerRun.objects.get(update=update, consumer="inproc_timer")
+    assert consumer_run_execute(run.pk) == "dead-lettered"
+
+
+@pytest.fixture
+def keyboard_bot(bot_factory):
+    bot = bot_factory(name="inproc-keyboard", responder="none")
+    ptb_consumer("inproc_keyboard", bot=bot.name, main="tests.ptb.examples.inlinekeyboard:main")
+    yield bot
+    registry.unregister("inproc_keyboard")
+
+
+def test_telegram_s_400_is_replayed_to_a_rerun_from_the_journal(keyboard_bot, sandbox) -> None:
+    def run(update) -> tuple[str, ConsumerRun]:
+        inbox_update_route(update.pk)
+        row = ConsumerRun.objects.get(update=update, consumer="inproc_keyboard")
+        return consumer_run_execute(row.pk), row
+
+    assert run(user_writes(sandbox, keyboard_bot, 7201, "/start"))[0] == "done"
+    menu = HandlerCall.objects.get(consumer="inproc_keyboard").result
+    press = {"message_id": menu["message_id"]}
+    assert run(user_presses(sandbox, keyboard_bot, 7201, "3", **press))[0] == "done"
+    outcome, again = run(user_presses(sandbox, keyboard_bot, 7201, "3", **press))
+    assert outcome == "dead-lettered"
+    edits = len(sandbox.calls(token=keyboard_bot.token, method="editMessageText"))
+    assert edits == 2
+
+    # An operator runs it again: the journal answers both calls, Telegram is not asked.
+    ConsumerRun.objects.filter(pk=again.pk).update(state=RunState.PENDING)
+    assert consumer_run_execute(again.pk) == "dead-lettered"
+    assert len(sandbox.calls(token=keyboard_bot.token, method="editMessageText")) == edits
+    assert len(sandbox.calls(token=keyboard_bot.token, method="answerCallbackQuery")) == 2
