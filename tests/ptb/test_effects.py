@@ -66,22 +66,27 @@ def test_inlinekeyboard_a_kill_between_the_callback_answer_and_the_edit_performs
     assert methods(sandbox, bot)[3:] == ["answerCallbackQuery", "editMessageText"]
 
 
+def killed_then_rerun(process_env, processes, sandbox, bot, consumer: str, *, rerun_state: str):
+    """The bot's handler runs in a worker whose handler takes branch "a" and dies before the
+    run's commit; a fresh worker, whose handler takes branch "b", runs it again."""
+    branch = {"PTB_TEST_BRANCH": "a"}
+    doomed = ptb_worker(process_env, processes, failpoint="ptb_before_commit", name="doomed", env=branch)
+    update = user_writes(sandbox, bot, 9510, "good morning")
+    wait_until(lambda: not doomed.alive(), timeout=30, message="the worker to die before the run's commit")
+    ptb_worker(process_env, processes, name="fresh", env={"PTB_TEST_BRANCH": "b"})
+    wait_until(settled(update, consumer, rerun_state), timeout=60, message=f"the rerun {rerun_state}")
+    return run_of(update, consumer)
+
+
 def test_a_handler_that_branches_differently_on_its_rerun_is_a_dead_letter_and_sends_nothing_more(
     process_env: dict[str, str], processes: list[Process], sandbox, bot_factory
 ) -> None:
     bot = bot_factory(name="ptb-branching", responder="none")
-    doomed = ptb_worker(
-        process_env, processes, failpoint="ptb_before_commit", name="doomed", env={"PTB_TEST_BRANCH": "a"}
-    )
-    update = user_writes(sandbox, bot, 9510, "flip a coin")
-    wait_until(lambda: not doomed.alive(), timeout=30, message="the worker to die before the run's commit")
-
-    ptb_worker(process_env, processes, name="fresh", env={"PTB_TEST_BRANCH": "b"})
-    wait_until(settled(update, "ptb_branching", RunState.FAILED), timeout=60, message="the rerun stopped")
+    run = killed_then_rerun(process_env, processes, sandbox, bot, "ptb_branching", rerun_state=RunState.FAILED)
 
     assert sandbox.sent_texts(token=bot.token) == ["heads", "and that is all"]
     assert sandbox.calls(token=bot.token, method="sendDice") == []
-    letter = DeadLetter.objects.get(consumer_run=run_of(update, "ptb_branching"))
+    letter = DeadLetter.objects.get(consumer_run=run)
     assert "handler not deterministic" in letter.last_error
     assert letter.reason_class == "permanent"
 
@@ -90,14 +95,7 @@ def test_a_handler_whose_rerun_only_changes_its_text_delivers_the_first_text_onc
     process_env: dict[str, str], processes: list[Process], sandbox, bot_factory
 ) -> None:
     bot = bot_factory(name="ptb-varying", responder="none")
-    doomed = ptb_worker(
-        process_env, processes, failpoint="ptb_before_commit", name="doomed", env={"PTB_TEST_BRANCH": "a"}
-    )
-    update = user_writes(sandbox, bot, 9520, "good morning")
-    wait_until(lambda: not doomed.alive(), timeout=30, message="the worker to die before the run's commit")
-
-    ptb_worker(process_env, processes, name="fresh", env={"PTB_TEST_BRANCH": "b"})
-    wait_until(settled(update, "ptb_varying", RunState.DONE), timeout=60, message="the rerun done")
+    killed_then_rerun(process_env, processes, sandbox, bot, "ptb_varying", rerun_state=RunState.DONE)
     assert sandbox.sent_texts(token=bot.token) == ["good morning from run a"]
 
 

@@ -15,17 +15,23 @@ from tests.ptb.support import user_presses, user_writes
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.hop_by_hop]
 
 
+def example_bot(bot_factory, example: str):
+    """A bot whose updates python-telegram-bot's example `example` handles (consumer
+    inproc_<example>), registered in this process for the test."""
+    bot = bot_factory(name=f"inproc-{example}", responder="none")
+    ptb_consumer(f"inproc_{example}", bot=bot.name, main=f"tests.ptb.examples.{example}:main")
+    yield bot
+    registry.unregister(f"inproc_{example}")
+
+
 @pytest.fixture
 def echo_bot(bot_factory):
-    bot = bot_factory(name="inproc-echo", responder="none")
-    ptb_consumer("inproc_echo", bot=bot.name, main="tests.ptb.examples.echobot:main")
-    yield bot
-    registry.unregister("inproc_echo")
+    yield from example_bot(bot_factory, "echobot")
 
 
 def handle(update) -> str:
     inbox_update_route(update.pk)
-    run = ConsumerRun.objects.get(update=update, consumer="inproc_echo")
+    run = ConsumerRun.objects.get(update=update, consumer="inproc_echobot")
     return consumer_run_execute(run.pk)
 
 
@@ -34,7 +40,7 @@ def test_an_echo_is_sent_once_through_the_outbox_and_journaled(echo_bot, sandbox
     assert handle(update) == "done"
 
     assert sandbox.sent_texts(token=echo_bot.token) == ["hello there"]
-    call = HandlerCall.objects.get(update=update, consumer="inproc_echo")
+    call = HandlerCall.objects.get(update=update, consumer="inproc_echobot")
     assert (call.ordinal, call.method, call.target, call.kind, call.ok) == (
         0,
         "sendMessage",
@@ -46,14 +52,14 @@ def test_an_echo_is_sent_once_through_the_outbox_and_journaled(echo_bot, sandbox
     message = OutboundMessage.objects.get(pk=call.message_id)
     assert message.state == State.SENT
     assert message.result["message_id"] == message.telegram_message_id
-    run = ConsumerRun.objects.get(update=update, consumer="inproc_echo")
+    run = ConsumerRun.objects.get(update=update, consumer="inproc_echobot")
     assert (run.state, run.attempts) == (RunState.DONE, 1)
 
 
 def test_a_rerun_replays_the_journal_and_sends_nothing_again(echo_bot, sandbox) -> None:
     update = user_writes(sandbox, echo_bot, 7002, "once")
     assert handle(update) == "done"
-    run = ConsumerRun.objects.get(update=update, consumer="inproc_echo")
+    run = ConsumerRun.objects.get(update=update, consumer="inproc_echobot")
     ConsumerRun.objects.filter(pk=run.pk).update(state=RunState.PENDING)
 
     assert consumer_run_execute(run.pk) == "done"
@@ -63,35 +69,29 @@ def test_a_rerun_replays_the_journal_and_sends_nothing_again(echo_bot, sandbox) 
 
 @pytest.fixture
 def timer_bot(bot_factory):
-    bot = bot_factory(name="inproc-timer", responder="none")
-    ptb_consumer("inproc_timer", bot=bot.name, main="tests.ptb.examples.timerbot:main")
-    yield bot
-    registry.unregister("inproc_timer")
+    yield from example_bot(bot_factory, "timerbot")
 
 
 def test_timerbot_s_job_queue_is_a_dead_letter_saying_why(timer_bot, sandbox) -> None:
     update = user_writes(sandbox, timer_bot, 7101, "/set 5")
     inbox_update_route(update.pk)
-    run = ConsumerRun.objects.get(update=update, consumer="inproc_timer")
+    run = ConsumerRun.objects.get(update=update, consumer="inproc_timerbot")
     assert consumer_run_execute(run.pk) == "dead-lettered"
 
 
 @pytest.fixture
 def keyboard_bot(bot_factory):
-    bot = bot_factory(name="inproc-keyboard", responder="none")
-    ptb_consumer("inproc_keyboard", bot=bot.name, main="tests.ptb.examples.inlinekeyboard:main")
-    yield bot
-    registry.unregister("inproc_keyboard")
+    yield from example_bot(bot_factory, "inlinekeyboard")
 
 
 def test_telegram_s_400_is_replayed_to_a_rerun_from_the_journal(keyboard_bot, sandbox) -> None:
     def run(update) -> tuple[str, ConsumerRun]:
         inbox_update_route(update.pk)
-        row = ConsumerRun.objects.get(update=update, consumer="inproc_keyboard")
+        row = ConsumerRun.objects.get(update=update, consumer="inproc_inlinekeyboard")
         return consumer_run_execute(row.pk), row
 
     assert run(user_writes(sandbox, keyboard_bot, 7201, "/start"))[0] == "done"
-    menu = HandlerCall.objects.get(consumer="inproc_keyboard").result
+    menu = HandlerCall.objects.get(consumer="inproc_inlinekeyboard").result
     press = {"message_id": menu["message_id"]}
     assert run(user_presses(sandbox, keyboard_bot, 7201, "3", **press))[0] == "done"
     outcome, again = run(user_presses(sandbox, keyboard_bot, 7201, "3", **press))
