@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+from django.conf import settings
 from telegram.request import BaseRequest, RequestData
 
 from bots.ptb import calls
@@ -42,13 +43,22 @@ class DovecoteRequest(BaseRequest):
     ) -> tuple[int, bytes]:
         if method == "GET":
             # A file download (File.download_*): the file's bytes, fetched live.
-            return await in_caller(_download, url)
+            return await in_caller(_download, self.bot_name, url)
         api_method = url.rsplit("/", 1)[-1]
         params = request_data.parameters if request_data is not None else {}
         has_files = bool(request_data is not None and request_data.contains_files)
         return await in_caller(calls.answer_call, self.bot_name, api_method, dict(params), has_files)
 
 
-def _download(url: str) -> tuple[int, bytes]:
-    response = httpx.get(url, timeout=30.0)
+def _download(bot_name: str, url: str) -> tuple[int, bytes]:
+    """python-telegram-bot asks for <its file URL>/file/bot<its token>/<file_path>; the file is
+    fetched from the bot's own Bot API root with the bot's own token (the application's is
+    whatever its code said, "TOKEN" in the examples)."""
+    from bots.models import Bot
+    from outbox.botapi import api_base_url
+
+    file_path = url.split("/file/bot", 1)[-1].split("/", 1)[-1]
+    bot = Bot.objects.get(name=bot_name)
+    root = api_base_url(bot.api_base_url).rstrip("/")
+    response = httpx.get(f"{root}/file/bot{bot.token}/{file_path}", timeout=settings.DOVECOTE_TELEGRAM_READ_TIMEOUT)
     return response.status_code, response.content

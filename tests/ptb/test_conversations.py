@@ -5,12 +5,15 @@ loaded for the update's user and chat, written with the run's completion."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 
 from bots.models import ConsumerRun, RunState
 from bots.ptb.models import HandlerData
 from tests.ptb.support import ptb_worker, sweep_once, user_sends_location, user_writes
-from tests.support import Process, wait_until
+from tests.support import ROOT, Process, wait_until
 
 pytestmark = [pytest.mark.e2e]
 
@@ -21,6 +24,7 @@ START = (
 ASK_PHOTO = (
     "I see! Please send me a photo of yourself, so I know what you look like, or send /skip if you don't want to."
 )
+GORGEOUS = "Gorgeous! Now, send me your location please, or send /skip if you don't want to."
 SKIPPED_PHOTO = "I bet you look great! Now, send me your location please, or send /skip."
 GOT_LOCATION = "Maybe I can visit you sometime! At last, tell me something about yourself."
 SKIPPED_LOCATION = "You seem a bit paranoid! At last, tell me something about yourself."
@@ -34,12 +38,16 @@ PATHS = {
         [START, ASK_PHOTO, SKIPPED_PHOTO, SKIPPED_LOCATION, THANKS],
     ),
     "cancel": (["/start", "Girl", "/cancel"], [START, ASK_PHOTO, BYE]),
+    "photo": (
+        ["/start", "Boy", "PHOTO", "/skip", "I take pictures"],
+        [START, ASK_PHOTO, GORGEOUS, SKIPPED_LOCATION, THANKS],
+    ),
     "location": (
         ["/start", "other", "/skip", "LOCATION", "I sail"],
         [START, ASK_PHOTO, SKIPPED_PHOTO, GOT_LOCATION, THANKS],
     ),
 }
-USERS = [9300 + n for n in range(20)]
+USERS = [9300 + n for n in range(20)]  # 5 of each path
 
 
 def path_of(user: int) -> str:
@@ -52,8 +60,17 @@ def all_runs_done(consumer: str) -> bool:
     return runs.exists() and not runs.exclude(state=RunState.DONE).exists()
 
 
+@pytest.fixture
+def photo_file() -> Iterator[Path]:
+    """conversationbot.py downloads each user's photo to ./user_photo.jpg (the worker's
+    working directory is the repository's root)."""
+    path = ROOT / "user_photo.jpg"
+    yield path
+    path.unlink(missing_ok=True)
+
+
 def test_conversationbot_20_users_see_their_prompts_in_order_through_two_worker_kills(
-    process_env: dict[str, str], processes: list[Process], sandbox, bot_factory
+    process_env: dict[str, str], processes: list[Process], sandbox, bot_factory, photo_file: Path
 ) -> None:
     bot = bot_factory(name="ptb-conv", responder="none")
     steps = max(len(sends) for sends, _ in PATHS.values())
@@ -64,6 +81,8 @@ def test_conversationbot_20_users_see_their_prompts_in_order_through_two_worker_
                 continue
             if sends[step] == "LOCATION":
                 user_sends_location(bot, user, 52.37, 4.89)
+            elif sends[step] == "PHOTO":
+                user_writes(sandbox, bot, user, "", photo=True)
             else:
                 user_writes(sandbox, bot, user, sends[step])
 
@@ -77,6 +96,7 @@ def test_conversationbot_20_users_see_their_prompts_in_order_through_two_worker_
 
     for user in USERS:
         assert sandbox.sent_texts(token=bot.token, chat_id=user) == PATHS[path_of(user)][1], user
+    assert photo_file.read_bytes().startswith(b"sandbox photo 800x600")  # the photos were downloaded
     # Every conversation ended: no state is left.
     assert not HandlerData.objects.filter(consumer="ptb_conversation", kind=HandlerData.Kind.CONVERSATION).exists()
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import pytest
 
 from bots import registry
@@ -104,3 +107,44 @@ def test_telegram_s_400_is_replayed_to_a_rerun_from_the_journal(keyboard_bot, sa
     assert consumer_run_execute(again.pk) == "dead-lettered"
     assert len(sandbox.calls(token=keyboard_bot.token, method="editMessageText")) == edits
     assert len(sandbox.calls(token=keyboard_bot.token, method="answerCallbackQuery")) == 2
+
+
+@pytest.fixture
+def conversation_bot(bot_factory):
+    yield from example_bot(bot_factory, "conversationbot")
+
+
+@pytest.fixture
+def photo_file():
+    """conversationbot.py downloads the user's photo to ./user_photo.jpg (its own choice)."""
+    path = Path("user_photo.jpg")
+    yield path
+    path.unlink(missing_ok=True)
+
+
+def test_a_photo_is_got_live_downloaded_and_its_getfile_journaled(conversation_bot, sandbox, photo_file) -> None:
+    def run(update) -> str:
+        """Until the run is settled: a private chat takes a message a second, so a prompt
+        right after another defers its run (this test is the worker that runs it again)."""
+        inbox_update_route(update.pk)
+        run = ConsumerRun.objects.get(update=update, consumer="inproc_conversationbot")
+        outcome = consumer_run_execute(run.pk)
+        deadline = time.monotonic() + 10
+        while outcome in ("deferred", "not-due") and time.monotonic() < deadline:
+            time.sleep(0.2)
+            outcome = consumer_run_execute(run.pk)
+        return outcome
+
+    assert run(user_writes(sandbox, conversation_bot, 7301, "/start")) == "done"
+    assert run(user_writes(sandbox, conversation_bot, 7301, "Boy")) == "done"
+    photo = user_writes(sandbox, conversation_bot, 7301, "", photo=True)
+    assert run(photo) == "done"
+
+    assert sandbox.sent_texts(token=conversation_bot.token)[-1] == (
+        "Gorgeous! Now, send me your location please, or send /skip if you don't want to."
+    )
+    get_file, reply = HandlerCall.objects.filter(update=photo).order_by("ordinal")
+    assert (get_file.method, get_file.kind, get_file.ok) == ("getFile", CallKind.READ, True)
+    assert get_file.result["file_path"].startswith("photos/")
+    assert photo_file.read_bytes().startswith(b"sandbox photo 800x600")
+    assert reply.method == "sendMessage"
