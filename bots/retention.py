@@ -97,33 +97,31 @@ def handler_results_purgeable_qs(cutoff: datetime) -> QuerySet[HandlerCall]:
 
 def handler_results_purge_batch(older_than: datetime, *, size: int | None = None) -> int:
     """Blank the results of up to `size` journaled calls; method, target and outcome stay."""
+    qs = handler_results_purgeable_qs(older_than)
+    return _change_batch(qs, "answered_at", size, result=None, result_purged_at=timezone.now())
+
+
+def _change_batch(qs: QuerySet[Any], oldest_first: str, size: int | None, **values: Any) -> int:
+    """Set `values` on up to `size` rows of `qs`, oldest first, skipping rows another
+    sweeper holds; returns how many."""
     with transaction.atomic():
         ids = list(
-            handler_results_purgeable_qs(older_than)
-            .order_by("answered_at")
+            qs.order_by(oldest_first)
             .select_for_update(skip_locked=True)
             .values_list("pk", flat=True)[: size or retention.batch_size()]
         )
         if ids:
-            HandlerCall.objects.filter(pk__in=ids).update(result=None, result_purged_at=timezone.now())
+            qs.model.objects.filter(pk__in=ids).update(**values)
     return len(ids)
 
 
 def inbound_payloads_purge_batch(older_than: datetime, *, size: int | None = None) -> int:
     """Cut up to `size` updates' payloads to their update_id. Dedupe works on the
     (bot, update_id) columns, and chat, user, message id and type stay in theirs."""
-    with transaction.atomic():
-        ids = list(
-            payloads_purgeable_qs(older_than)
-            .order_by("received_at")
-            .select_for_update(skip_locked=True)
-            .values_list("pk", flat=True)[: size or retention.batch_size()]
-        )
-        if ids:
-            InboundUpdate.objects.filter(pk__in=ids).update(
-                payload=JSONObject(update_id="update_id"), payload_purged_at=timezone.now()
-            )
-    return len(ids)
+    qs = payloads_purgeable_qs(older_than)
+    return _change_batch(
+        qs, "received_at", size, payload=JSONObject(update_id="update_id"), payload_purged_at=timezone.now()
+    )
 
 
 def _purge_step(older_than: datetime, purge: Any = None) -> retention.Step:
