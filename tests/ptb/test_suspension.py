@@ -41,3 +41,24 @@ def test_five_messages_into_a_chat_limited_to_one_a_second_go_in_order_without_a
     times = [c["at"] for c in sends if c["chat_id"] == 9600]
     assert all(later - earlier >= 0.9 for earlier, later in itertools.pairwise(times))
     assert run_of(five, "ptb_five").attempts == 1
+
+
+def test_a_send_that_telegram_refuses_with_a_502_is_retried_by_the_outbox_while_the_run_waits(
+    process_env: dict[str, str], processes: list[Process], sandbox, bot_factory
+) -> None:
+    from outbox.models import OutboundMessage
+
+    bot = bot_factory(name="ptb-echo", responder="none")
+    sandbox.fault("502", method="sendMessage", count=1, token=bot.token)
+    ptb_worker(process_env, processes, name="only")
+    update = user_writes(sandbox, bot, 9700, "are you there?")
+
+    def done() -> bool:
+        sweep_once()
+        return run_of(update, "ptb_echo").state == RunState.DONE
+
+    wait_until(done, timeout=60, interval=0.5, message="the run done")
+    assert sandbox.sent_texts(token=bot.token) == ["are you there?"]
+    assert [c["status"] for c in sandbox.calls(token=bot.token, method="sendMessage")] == [502, 200]
+    assert OutboundMessage.objects.get(source_update=update, consumer="ptb_echo").attempts == 2
+    assert run_of(update, "ptb_echo").attempts == 1  # waiting for the retry spent none of the run's
