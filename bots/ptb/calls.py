@@ -34,8 +34,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+import telegram
 from django.db import transaction
 from django.utils import timezone
+from telegram.request import RequestData
 
 from bots.models import Bot, InboundUpdate
 from bots.ptb.models import CallKind, HandlerCall
@@ -172,10 +174,12 @@ class Handling:
             snapshot=snapshot,
         )
 
-    def answer(self, method: str, params: dict[str, Any], *, has_files: bool = False) -> Answer:
+    def answer(self, method: str, params: dict[str, Any], *, upload: RequestData | None = None) -> Answer:
+        """Telegram's answer to the handling's next call. `upload`: the call's request data
+        when it sends files (then `params` has the rest of it)."""
         ordinal = self.next_ordinal
         self.next_ordinal += 1
-        kind = call_kind(method, params, has_files=has_files)
+        kind = call_kind(method, params, has_files=upload is not None)
         target = call_target(params)
         row = self.journal.get(ordinal)
         if row is not None and (row.method, row.target) != (method, target):
@@ -198,11 +202,7 @@ class Handling:
             )
         if kind == CallKind.READ:
             return self._read(row, method, params)
-        if has_files:
-            return _record_error(
-                row, telegram_error(400, f"Dovecote does not take uploads from handlers yet ({method} with a file)")
-            )
-        return self._effect(row, ordinal, method, params)
+        return self._effect(row, ordinal, method, params, upload)
 
     def _journal(self, ordinal: int, method: str, target: str, kind: str, **fields: Any) -> HandlerCall:
         row = HandlerCall.objects.create(
@@ -269,12 +269,17 @@ class Handling:
 
     # --- other side effects: the effect ledger ---------------------------------------------
 
-    def _effect(self, row: HandlerCall, ordinal: int, method: str, params: dict[str, Any]) -> Answer:
+    def _effect(
+        self, row: HandlerCall, ordinal: int, method: str, params: dict[str, Any], upload: RequestData | None
+    ) -> Answer:
         key = effect_key(self.update, self.consumer, ordinal)
         try:
             with effects.effect(key, trace_id=self.trace_id, not_applied=(_NotApplied,)) as handle:
                 if not handle.done:
-                    outcome = _call_live(self.bot, method, params)
+                    if upload is None:
+                        outcome = _call_live(self.bot, method, params)
+                    else:
+                        outcome = _upload(self.bot, method, upload)
                     failpoint("ptb_after_effect_answer")
                     if outcome.ok:
                         handle.record(result={"ok": True, "result": outcome.result})
@@ -304,6 +309,23 @@ class Handling:
 def _call_live(bot: Bot, method: str, params: dict[str, Any]) -> botapi.CallOutcome:
     """One Bot API call now, through the outbox's client (its error classes)."""
     return botapi.call(token=bot.token, base_url=bot.api_base_url, method=method, params=params, bot_name=bot.name)
+
+
+def _upload(bot: Bot, method: str, request_data: RequestData) -> botapi.CallOutcome:
+    """A call with files, sent now as python-telegram-bot encoded it, by the outbox's client
+    (its connections, its error classes)."""
+
+    async def post() -> Any:
+        client = await botapi.get_bot(bot.token, bot.api_base_url)
+        return await client.request.post(url=f"{client.base_url}/{method}", request_data=request_data)
+
+    try:
+        result = botapi.run_sync(post())
+    except telegram.error.TelegramError as exc:
+        return botapi.classify(exc)
+    except TimeoutError as exc:
+        return botapi.outcome_of_lost_wait(exc)
+    return botapi.CallOutcome(ok=True, result=result, http_status=200)
 
 
 class _NotApplied(Exception):
@@ -410,12 +432,14 @@ def _sent_result(message: OutboundMessage) -> Any:
 current: ContextVar[Handling | None] = ContextVar("dovecote_ptb_handling", default=None)
 
 
-def answer_call(bot_name: str, method: str, params: dict[str, Any], has_files: bool) -> tuple[int, bytes]:
+def answer_call(
+    bot_name: str, method: str, params: dict[str, Any], upload: RequestData | None = None
+) -> tuple[int, bytes]:
     """The request class's answer to one call (run in the handling's thread). Outside a
     handling (the application's start: getMe) the call is made live, unjournaled."""
     handling = current.get()
     if handling is not None:
-        return handling.answer(method, params, has_files=has_files).encoded()
+        return handling.answer(method, params, upload=upload).encoded()
     return live_call(bot_name, method, params).encoded()
 
 

@@ -46,8 +46,9 @@ class DovecoteRequest(BaseRequest):
             return await in_caller(_download, self.bot_name, url)
         api_method = url.rsplit("/", 1)[-1]
         params = request_data.parameters if request_data is not None else {}
-        has_files = bool(request_data is not None and request_data.contains_files)
-        return await in_caller(calls.answer_call, self.bot_name, api_method, dict(params), has_files)
+        # An upload keeps its request data: the files go as python-telegram-bot encoded them.
+        upload = request_data if request_data is not None and request_data.contains_files else None
+        return await in_caller(calls.answer_call, self.bot_name, api_method, dict(params), upload)
 
 
 def _download(bot_name: str, url: str) -> tuple[int, bytes]:

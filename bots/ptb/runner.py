@@ -124,16 +124,23 @@ def _wake_next_in_chat(ctx: ConsumerContext) -> None:
         dispatch_run(following.pk, consumer=ctx.consumer)
 
 
+# Telegram's refusals: the same call gets the same answer (a 429, a 5xx, a lost answer are
+# waited out by the journal and never reach a handler as such).
+_REFUSALS = (
+    telegram.error.BadRequest,
+    telegram.error.Forbidden,
+    telegram.error.ChatMigrated,
+    telegram.error.InvalidToken,
+    telegram.error.Conflict,
+)
+
+
 def _run_error(error: BaseException) -> Exception:
-    """A handler's failure as the run's: Telegram's refusal (the same call would get the same
-    answer) is a dead letter at once; anything else a failed attempt (its re-run replays the
-    journal, so nothing is sent twice)."""
+    """A handler's failure as the run's: Telegram's refusal is a dead letter at once (a retry
+    would be refused again); anything else a failed attempt (its re-run replays the journal,
+    so nothing is sent twice)."""
     description = f"{type(error).__name__}: {error}"
-    if isinstance(error, telegram.error.TelegramError) and not isinstance(
-        error, (telegram.error.NetworkError, telegram.error.RetryAfter)
-    ):
-        return PermanentError(f"the handler failed on Telegram's answer: {description}")
-    if isinstance(error, telegram.error.BadRequest | telegram.error.Forbidden):
+    if isinstance(error, _REFUSALS):
         return PermanentError(f"the handler failed on Telegram's answer: {description}")
     return TransientError(f"the handler failed: {description}")
 

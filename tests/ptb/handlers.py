@@ -46,3 +46,13 @@ def add_varying(application: Application) -> None:
 def add_five(application: Application) -> None:
     application.add_handler(MessageHandler(filters.Regex("^five$"), five))
     application.add_handler(MessageHandler(filters.TEXT, varying))
+
+
+async def upload(update: Update, context: ContextTypes.DEFAULT_TYPE) -> None:
+    """Sends a file from memory: an upload, not a file id."""
+    sent = await update.message.reply_photo(photo=b"\x89PNG\r\n\x1a\n a picture drawn just now", caption="drawn")
+    await update.message.reply_text(f"that was message {sent.message_id}")
+
+
+def add_upload(application: Application) -> None:
+    application.add_handler(MessageHandler(filters.TEXT, upload))

@@ -148,3 +148,30 @@ def test_a_photo_is_got_live_downloaded_and_its_getfile_journaled(conversation_b
     assert get_file.result["file_path"].startswith("photos/")
     assert photo_file.read_bytes().startswith(b"sandbox photo 800x600")
     assert reply.method == "sendMessage"
+
+
+@pytest.fixture
+def upload_bot(bot_factory):
+    bot = bot_factory(name="inproc-upload", responder="none")
+    ptb_consumer("inproc_upload", bot=bot.name, setup="tests.ptb.handlers:add_upload")
+    yield bot
+    registry.unregister("inproc_upload")
+
+
+def test_an_upload_goes_through_the_effect_ledger_once_and_its_message_is_the_handler_s(upload_bot, sandbox) -> None:
+    update = user_writes(sandbox, upload_bot, 7401, "draw me something")
+    inbox_update_route(update.pk)
+    run = ConsumerRun.objects.get(update=update, consumer="inproc_upload")
+    assert consumer_run_execute(run.pk) == "done"
+
+    photo = sandbox.calls(token=upload_bot.token, method="sendPhoto")
+    assert len(photo) == 1
+    assert photo[0]["delivered"] is True
+    upload_call, reply = HandlerCall.objects.filter(update=update).order_by("ordinal")
+    assert (upload_call.method, upload_call.kind, upload_call.ok) == ("sendPhoto", CallKind.EFFECT, True)
+    assert sandbox.sent_texts(token=upload_bot.token) == [f"that was message {upload_call.result['message_id']}"]
+    assert reply.kind == CallKind.OUTBOX
+
+    ConsumerRun.objects.filter(pk=run.pk).update(state=RunState.PENDING)
+    assert consumer_run_execute(run.pk) == "done"
+    assert len(sandbox.calls(token=upload_bot.token, method="sendPhoto")) == 1
