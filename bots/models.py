@@ -254,3 +254,7 @@ class AnalyticsEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.update_type} in {self.chat_id} ({self.latency_ms} ms)"
+
+
+# The rows of python-telegram-bot consumers (bots/ptb), part of this app.
+from bots.ptb.models import HandlerCall, HandlerData  # noqa: E402, F401

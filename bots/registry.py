@@ -135,9 +135,12 @@ class ConsumerSpec:
     # The consumer's awaiting form, and when it is used (a callable decides per update).
     async_func: Callable[[ConsumerContext], Awaitable[Any]] | None = None
     awaits: bool | Callable[[InboundUpdate], bool] = False
+    bot: str | None = None
 
     def wants(self, update: InboundUpdate) -> bool:
         if not self.enabled():
+            return False
+        if self.bot is not None and update.bot.name != self.bot:
             return False
         if self.update_types is not None and update.update_type not in self.update_types:
             return False
@@ -189,6 +192,7 @@ def consumer(
     batch: Callable[[list[ConsumerContext]], Sequence[Any] | None] | None = None,
     awaiting: Callable[[ConsumerContext], Awaitable[Any]] | None = None,
     awaits: bool | Callable[[InboundUpdate], bool] = True,
+    bot: str | None = None,
 ) -> Callable[[Callable[[ConsumerContext], Any]], Callable[[ConsumerContext], Any]]:
     """Register a consumer under a stable name (the name is stored in runs and keys).
 
@@ -203,7 +207,9 @@ def consumer(
 
     An `async def` consumer runs on the worker's event loop (bots/aio.py); it cannot be
     `inline` nor have a `batch`. `awaiting`: a synchronous consumer's awaiting form, used for
-    the updates `awaits` picks (auto_reply awaits a model, answers an echo at once)."""
+    the updates `awaits` picks (auto_reply awaits a model, answers an echo at once).
+    `bot`: the name of the one bot whose updates it takes (a python-telegram-bot
+    application serves one bot, bots/ptb); by default every bot's."""
 
     def decorator(func: Callable[[ConsumerContext], Any]) -> Callable[[ConsumerContext], Any]:
         if name in _registry and _registry[name].func is not func:
@@ -227,6 +233,7 @@ def consumer(
             batch=batch,
             async_func=async_func,
             awaits=awaits if async_func is not None else False,
+            bot=bot,
         )
         return func
 

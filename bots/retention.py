@@ -17,7 +17,7 @@ from django.db.models import Exists, OuterRef, QuerySet
 from django.db.models.functions import JSONObject
 from django.utils import timezone
 
-from bots.models import ChatState, ConsumerRun, InboundUpdate, RunState, UpdateState
+from bots.models import ChatState, ConsumerRun, HandlerCall, InboundUpdate, RunState, UpdateState
 from bots.replies import GATHER_WINDOW
 from outbox import retention
 from outbox.models import DeadLetter, DeadLetterStatus
@@ -82,28 +82,49 @@ def chat_states_prunable_qs(cutoff: datetime) -> QuerySet[ChatState]:
     return _without(qs, live_run_exists(bot_id=OuterRef("bot_id"), chat_id=OuterRef("chat_id")))
 
 
-def inbound_payloads_purge_batch(older_than: datetime, *, size: int | None = None) -> int:
-    """Cut up to `size` updates' payloads to their update_id. Dedupe works on the
-    (bot, update_id) columns, and chat, user, message id and type stay in theirs."""
+def handler_results_purgeable_qs(cutoff: datetime) -> QuerySet[HandlerCall]:
+    """Journaled calls of python-telegram-bot handlers (bots/ptb) answered before `cutoff`
+    whose result (a whole message, with its text) is still kept, of updates no run may
+    handle again (a re-run replays the results)."""
+    qs = HandlerCall.objects.filter(answered_at__lt=cutoff, result_purged_at__isnull=True)
+    return _without(qs, live_run_exists(id=OuterRef("update_id")))
+
+
+def handler_results_purge_batch(older_than: datetime, *, size: int | None = None) -> int:
+    """Blank the results of up to `size` journaled calls; method, target and outcome stay."""
+    qs = handler_results_purgeable_qs(older_than)
+    return _change_batch(qs, "answered_at", size, result=None, result_purged_at=timezone.now())
+
+
+def _change_batch(qs: QuerySet[Any], oldest_first: str, size: int | None, **values: Any) -> int:
+    """Set `values` on up to `size` rows of `qs`, oldest first, skipping rows another
+    sweeper holds; returns how many."""
     with transaction.atomic():
         ids = list(
-            payloads_purgeable_qs(older_than)
-            .order_by("received_at")
+            qs.order_by(oldest_first)
             .select_for_update(skip_locked=True)
             .values_list("pk", flat=True)[: size or retention.batch_size()]
         )
         if ids:
-            InboundUpdate.objects.filter(pk__in=ids).update(
-                payload=JSONObject(update_id="update_id"), payload_purged_at=timezone.now()
-            )
+            qs.model.objects.filter(pk__in=ids).update(**values)
     return len(ids)
 
 
-def _purge_step(older_than: datetime) -> retention.Step:
+def inbound_payloads_purge_batch(older_than: datetime, *, size: int | None = None) -> int:
+    """Cut up to `size` updates' payloads to their update_id. Dedupe works on the
+    (bot, update_id) columns, and chat, user, message id and type stay in theirs."""
+    qs = payloads_purgeable_qs(older_than)
+    return _change_batch(
+        qs, "received_at", size, payload=JSONObject(update_id="update_id"), payload_purged_at=timezone.now()
+    )
+
+
+def _purge_step(older_than: datetime, purge: Any = None) -> retention.Step:
     size = retention.batch_size()
+    purge = purge or inbound_payloads_purge_batch
 
     def step() -> tuple[int, bool]:
-        n = inbound_payloads_purge_batch(older_than, size=size)
+        n = purge(older_than, size=size)
         return n, n == size
 
     return step
@@ -112,7 +133,8 @@ def _purge_step(older_than: datetime) -> retention.Step:
 def tasks(now: datetime) -> list[retention.Task]:
     """The inbox's retention tasks as of `now`:
 
-    - update payloads are cut to their update_id after DOVECOTE_PAYLOAD_RETENTION_DAYS;
+    - update payloads are cut to their update_id after DOVECOTE_PAYLOAD_RETENTION_DAYS, and
+      the results python-telegram-bot handlers' calls got (bots/ptb's journal) blanked;
     - updates whose runs all finished well go after DOVECOTE_LEDGER_RETENTION_DAYS;
     - updates with a failed or cancelled run go after DOVECOTE_FAILED_RETENTION_DAYS, once no
       dead letter of theirs is open (0 keeps them);
@@ -122,7 +144,10 @@ def tasks(now: datetime) -> list[retention.Task]:
     # Never inside the window a burst's answer gathers texts from.
     payload_days = timedelta(days=max(0, int(settings.DOVECOTE_PAYLOAD_RETENTION_DAYS)))
     payload_cutoff = now - max(payload_days, GATHER_WINDOW)
-    result = [retention.Task("inbound_payloads_purged", _purge_step(payload_cutoff))]
+    result = [
+        retention.Task("inbound_payloads_purged", _purge_step(payload_cutoff)),
+        retention.Task("handler_results_purged", _purge_step(payload_cutoff, handler_results_purge_batch)),
+    ]
     boundary = retention.boundary_id(InboundUpdate, "received_at", ledger)
     if boundary is not None:
         result.append(

@@ -42,3 +42,14 @@ CREATES_MESSAGE = frozenset(
 def ordered_by_default(method: str) -> bool:
     """Whether a call waits for the earlier messages of its chat unless told otherwise."""
     return method not in NOT_A_MESSAGE
+
+
+# Messages whose writer replays Telegram's answer to its caller (python-telegram-bot handlers,
+# bots/ptb) keep the whole answer in `result`, not only the message id; the payload purge
+# blanks it with the text.
+FULL_RESULT_KEY_PREFIX = "call:"
+
+
+def keeps_full_result(idempotency_key: str) -> bool:
+    """Whether a sent message keeps Telegram's whole answer (its writer replays it)."""
+    return idempotency_key.startswith(FULL_RESULT_KEY_PREFIX)

@@ -23,6 +23,7 @@ from django.utils import timezone
 
 from outbox import chat_order, circuits, metrics, selectors
 from outbox.botapi import CallOutcome
+from outbox.methods import keeps_full_result
 from outbox.models import WAITING_STATES, Attempt, DeadLetter, DeadLetterStatus, ErrorClass, OutboundMessage, State
 from outbox.signals import message_ambiguous, message_dead_lettered, message_delivered_late
 from project import rows as rows_module
@@ -241,7 +242,7 @@ def mark_sent(
         message_ids.append(message.pk)
         attempt_ids.append(attempt.pk)
         telegram_ids.append(outcome.telegram_message_id)
-        results.append(None if outcome.telegram_message_id else json.dumps(outcome.result))
+        results.append(json.dumps(outcome.result) if _keeps_result(message, outcome) else None)
     rows = rows_module.fetch(
         f"""WITH v AS (
               SELECT * FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], %s::text[])
@@ -288,7 +289,13 @@ def finish_attempt(attempt: Attempt, outcome: CallOutcome) -> None:
     )
 
 
-def _sent_fields(outcome: CallOutcome, now: datetime) -> dict[str, Any]:
+def _keeps_result(message: OutboundMessage, outcome: CallOutcome) -> bool:
+    """Telegram's answer is kept when it is not a message (its id says all of a message), or
+    when the message's writer replays the whole answer (methods.keeps_full_result)."""
+    return not outcome.telegram_message_id or keeps_full_result(message.idempotency_key)
+
+
+def _sent_fields(outcome: CallOutcome, now: datetime, *, whole: bool = False) -> dict[str, Any]:
     """A message's columns once it is sent (a late success; mark_sent's statement sets the same)."""
     telegram_message_id = outcome.telegram_message_id
     return {
@@ -296,7 +303,7 @@ def _sent_fields(outcome: CallOutcome, now: datetime) -> dict[str, Any]:
         "sent_at": now,
         "updated_at": now,
         "telegram_message_id": telegram_message_id,
-        "result": None if telegram_message_id else outcome.result,
+        "result": outcome.result if whole or not telegram_message_id else None,
         "lease_owner": "",
         "lease_expires_at": None,
         "last_error": "",
@@ -319,7 +326,7 @@ def settle_late_success(message: OutboundMessage, *, attempt: Attempt, outcome: 
     with transaction.atomic():
         n = OutboundMessage.objects.filter(
             pk=message.pk, state__in=[State.UNKNOWN, State.RETRY, State.SENDING], attempts=attempt.number
-        ).update(**_sent_fields(outcome, now))
+        ).update(**_sent_fields(outcome, now, whole=_keeps_result(message, outcome)))
         if n != 1:
             return False
         message.state = State.SENT

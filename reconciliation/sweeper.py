@@ -395,6 +395,7 @@ def sweep() -> dict[str, int]:
             "messages_pruned",
             "updates_pruned",
             "inbound_payloads_purged",
+            "handler_results_purged",
             "chat_states_pruned",
             "cases_pruned",
             "payload_versions_pruned",

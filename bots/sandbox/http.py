@@ -76,6 +76,7 @@ _BOOL_PARAMS = frozenset(
     }
 )
 _BOT_PATH_RE = re.compile(r"/bot([^/]*)/([^/]*)/?")
+_FILE_PATH_RE = re.compile(r"/file/bot([^/]*)/(.+)")
 _CONTROL_PREFIX = "/sandbox/"
 _MAX_LINE = 65536
 _MAX_HEADERS = 100
@@ -242,10 +243,12 @@ class _Handler(BaseHTTPRequestHandler):
         return self.rfile.read(length) if length > 0 else b""
 
     def _respond(self, status: int, payload: Any) -> None:
-        body = json_bytes(payload)
+        self._respond_bytes(status, json_bytes(payload), content_type="application/json")
+
+    def _respond_bytes(self, status: int, body: bytes, *, content_type: str = "application/octet-stream") -> None:
         head = (
             f"HTTP/1.1 {status} {status_phrase(status)}\r\n"
-            "Content-Type: application/json\r\n"
+            f"Content-Type: {content_type}\r\n"
             f"Content-Length: {len(body)}\r\n"
             f"{'Connection: close' + chr(13) + chr(10) if self.close_connection else ''}"
             "\r\n"
@@ -273,6 +276,14 @@ class _Handler(BaseHTTPRequestHandler):
         sandbox: SandboxServer = self.server.sandbox
         if path.startswith(_CONTROL_PREFIX):
             self._control(sandbox, path[len(_CONTROL_PREFIX) :].strip("/"), split.query, body)
+            return
+        download = _FILE_PATH_RE.fullmatch(path)
+        if download is not None:
+            content = sandbox.state.file_content(unquote(download.group(1)), unquote(download.group(2)))
+            if content is None:
+                self._respond(404, {"ok": False, "error_code": 404, "description": "Not Found"})
+            else:
+                self._respond_bytes(200, content)
             return
         match = _BOT_PATH_RE.fullmatch(path)
         if match is None:

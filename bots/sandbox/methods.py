@@ -426,6 +426,20 @@ def _get_chat(state: SandboxState, call: Call) -> JSONDict:
     }
 
 
+def _get_file(state: SandboxState, call: Call) -> JSONDict:
+    file_id = call.params.get("file_id")
+    found = state.files.get((call.token, file_id)) if isinstance(file_id, str) else None
+    if found is None:
+        raise ApiError(400, "Bad Request: invalid file_id")
+    path, content = found
+    return {
+        "file_id": file_id,
+        "file_unique_id": path.rsplit("_", 1)[-1].split(".")[0],
+        "file_size": len(content),
+        "file_path": path,
+    }
+
+
 def _get_my_commands(state: SandboxState, call: Call) -> list[JSONDict]:
     return []
 
@@ -545,6 +559,7 @@ _METHODS: dict[str, tuple[str, MethodImpl]] = {
         ("answerCallbackQuery", _answer_callback_query),
         ("sendChatAction", _chat_action),
         ("getChat", _get_chat),
+        ("getFile", _get_file),
         ("setMyCommands", _true),
         ("deleteMyCommands", _true),
         ("getMyCommands", _get_my_commands),

@@ -256,6 +256,8 @@ class SandboxState:
         self.pending: dict[str, list[JSONDict]] = {}
         self.update_counters: dict[str, int] = {}
         self.pushed: list[JSONDict] = []
+        # Files a user sent (a pushed photo), by (token, file_id): (file_path, content).
+        self.files: dict[tuple[str, str], tuple[str, bytes]] = {}
 
     def reset(self) -> None:
         with self.lock:
@@ -525,7 +527,8 @@ class SandboxState:
         if "callback_data" in spec:
             return {"callback_query": self._callback_query(token, spec, user, chat)}
         text = spec.get("text")
-        if not isinstance(text, str) or not text:
+        photo = bool(spec.get("photo"))
+        if not photo and (not isinstance(text, str) or not text):
             raise ControlError("text (non-empty string) is required")
         message_id = chat_ref_to_int(spec.get("message_id"))
         if message_id is None:
@@ -537,14 +540,42 @@ class SandboxState:
             "from": user,
             "chat": chat,
             "date": int(time.time()),
-            "text": text,
         }
-        if text.startswith("/"):
+        if photo:
+            message["photo"] = self._user_photo(token)
+            if isinstance(text, str) and text:
+                message["caption"] = text
+        else:
+            message["text"] = text
+        if not photo and text.startswith("/"):
             # PTB's CommandHandler only fires on a bot_command entity at offset 0.
             command = text.split(maxsplit=1)[0]
             message["entities"] = [{"type": "bot_command", "offset": 0, "length": len(command)}]
         self.messages[(token, chat_id, message_id)] = StoredMessage(token, chat_id, message_id, message, False, "push")
         return {"message": message}
+
+    def _user_photo(self, token: str) -> list[JSONDict]:
+        """A photo a user sends: its sizes, each a file the bot can get (getFile) and
+        download (/file/bot<token>/<file_path>), its content made up."""
+        sizes = []
+        for width, height in ((90, 67), (320, 240), (800, 600)):
+            file_id, unique = "AgACAgIAAxkBAAI" + secrets.token_urlsafe(24), secrets.token_urlsafe(8)
+            content = f"sandbox photo {width}x{height} {unique}".encode()
+            self.files[(token, file_id)] = (f"photos/file_{unique}.jpg", content)
+            sizes.append(
+                {
+                    "file_id": file_id,
+                    "file_unique_id": unique,
+                    "width": width,
+                    "height": height,
+                    "file_size": len(content),
+                }
+            )
+        return sizes
+
+    def file_content(self, token: str, file_path: str) -> bytes | None:
+        with self.lock:
+            return next((c for (t, _), (p, c) in self.files.items() if t == token and p == file_path), None)
 
     def _callback_query(self, token: str, spec: JSONDict, user: JSONDict, chat: JSONDict) -> JSONDict:
         query: JSONDict = {

@@ -12,7 +12,7 @@ from django.db import connection
 from django.test import override_settings
 from django.utils import timezone
 
-from bots.models import ChatState, ConsumerRun, InboundUpdate, RunState, UpdateState
+from bots.models import ChatState, ConsumerRun, HandlerCall, InboundUpdate, RunState, UpdateState
 from bots.services import inbox_update_store
 from outbox.models import Attempt, DeadLetter, DeadLetterStatus, OutboundMessage, State
 from reconciliation.models import (
@@ -194,6 +194,38 @@ def test_updates_whose_runs_failed_go_after_the_failed_retention_once_no_dead_le
     assert set(InboundUpdate.objects.values_list("pk", flat=True)) == {updates[still_open.pk], updates[too_young.pk]}
     assert not ConsumerRun.objects.filter(update_id=updates[closed.pk]).exists()
     assert set(DeadLetter.objects.values_list("pk", flat=True)) == {still_open.pk, too_young.pk}
+
+
+def journaled(update: InboundUpdate, ordinal: int = 0) -> HandlerCall:
+    """A python-telegram-bot handler's answered sendMessage (bots/ptb), its whole result kept."""
+    return HandlerCall.objects.create(
+        bot_id=update.bot_id,
+        update=update,
+        consumer="shop",
+        ordinal=ordinal,
+        method="sendMessage",
+        target=f"chat_id={update.chat_id}",
+        kind="outbox",
+        ok=True,
+        result={"message_id": 7, "text": "your order ships on Monday"},
+        answered_at=timezone.now(),
+    )
+
+
+def test_handler_results_past_payload_retention_are_blanked_unless_their_update_may_run_again(bot) -> None:
+    old, young, waiting = stored_update(bot), stored_update(bot), stored_update(bot)
+    running(waiting)
+    calls = {update.pk: journaled(update) for update in (old, young, waiting)}
+    _age(HandlerCall, [calls[old.pk].pk, calls[waiting.pk].pk], "answered_at", 31)
+
+    with override_settings(DOVECOTE_LEDGER_RETENTION_DAYS=60):
+        assert sweep()["handler_results_purged"] == 1
+
+    purged = HandlerCall.objects.get(pk=calls[old.pk].pk)
+    assert (purged.result, purged.ok, purged.method) == (None, True, "sendMessage")
+    assert purged.result_purged_at is not None
+    assert HandlerCall.objects.get(pk=calls[young.pk].pk).result["text"] == "your order ships on Monday"
+    assert HandlerCall.objects.get(pk=calls[waiting.pk].pk).result is not None  # a re-run replays it
 
 
 def test_inbound_payloads_past_retention_are_cut_to_the_update_id_and_still_deduplicate(bot) -> None:

@@ -612,3 +612,24 @@ def test_throughput_report(server: SandboxServer, sandbox: SandboxClient, capsys
             f"\n[sandbox throughput] httpx keep-alive: {httpx_rate:,.0f} sendMessage/s; "
             f"python-telegram-bot: {ptb_rate:,.0f} sendMessage/s"
         )
+
+
+def test_a_user_s_photo_can_be_got_and_downloaded(server: SandboxServer, sandbox: SandboxClient) -> None:
+    """A pushed photo's sizes are files: getFile names each one's path, and the file URL
+    (/file/bot<token>/<path>) gives its bytes; another bot's token gets neither."""
+    message = sandbox.push_message(TOKEN, 42, "", photo=True)["update"]["message"]
+    assert "text" not in message
+    largest = message["photo"][-1]
+    answer = httpx.post(f"{server.base_url}/bot{TOKEN}/getFile", json={"file_id": largest["file_id"]}).json()
+    assert answer["ok"] is True
+    path = answer["result"]["file_path"]
+    assert answer["result"]["file_size"] == largest["file_size"]
+
+    download = httpx.get(f"{server.base_url}/file/bot{TOKEN}/{path}")
+    assert download.status_code == 200
+    assert download.content.startswith(b"sandbox photo 800x600")
+    assert len(download.content) == largest["file_size"]
+
+    refused = httpx.post(f"{server.base_url}/bot{OTHER_TOKEN}/getFile", json={"file_id": largest["file_id"]})
+    assert (refused.status_code, refused.json()["description"]) == (400, "Bad Request: invalid file_id")
+    assert httpx.get(f"{server.base_url}/file/bot{OTHER_TOKEN}/{path}").status_code == 404
