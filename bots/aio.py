@@ -146,7 +146,7 @@ DB_THREAD_PREFIX = "dovecote-db"
 def name_connection(sender: Any, connection: Any, **kwargs: Any) -> None:
     """A database thread's PostgreSQL connection says whose it is (pg_stat_activity's
     application_name): an operator, and bench/ai_crowd.py, count them per worker process."""
-    if connection.vendor == "postgresql" and threading.current_thread().name.startswith(DB_THREAD_PREFIX):
+    if threading.current_thread().name.startswith(DB_THREAD_PREFIX):
         with connection.cursor() as cursor:
             cursor.execute("SELECT set_config('application_name', %s, false)", [f"dovecote-aio:{os.getpid()}"])
 
