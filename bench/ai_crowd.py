@@ -9,15 +9,17 @@ seconds for a model; how soon is each answered, against python-telegram-bot in t
   (bench/peers/ptb_ai.py), asking the same model, answering through the same sandbox.
 
 The sandbox enforces L messages/s per bot and 1/s per private chat (real 429s). Updates are
-pushed through the sandbox (it POSTs each to the bot's webhook), one per user, evenly over
-`--spread` seconds. Reported per system: the last answer after the first update, each
-update's wait (p50, max), answers per chat (each exactly once), the model calls in flight at
-peak (in all, and in the busiest worker process); for Dovecote also the memory (PSS) of the
-worker process that held the model calls, idle and at peak, and the PostgreSQL connections
-its event loop's database threads held (pg_stat_activity's `dovecote-aio:<pid>`) against
-DOVECOTE_ASYNC_DB_CONNECTIONS. Not a test: figures go to docs/AWAITING.md.
+pushed through the sandbox (it POSTs each to the bot's webhook), or with `--direct` POSTed to
+the webhook as Telegram does, one per user, evenly over `--spread` seconds. Reported per
+system: the last answer after the first update, each update's wait (p50, max), answers per
+chat (each exactly once), the model calls in flight at peak (in all, and in the busiest
+worker process); for Dovecote also where each update's time went (from the rows), the memory
+(PSS) of the worker processes that held the model calls, idle and at peak, and the
+PostgreSQL connections their event loops' database threads held (pg_stat_activity's
+`dovecote-aio:<pid>`) against DOVECOTE_ASYNC_DB_CONNECTIONS. Not a test: figures go to
+docs/AWAITING.md.
 
-    .venv/bin/python bench/ai_crowd.py [--users 60] [--delay 3] [--spread 1] [--limit 30] [--no-peer]
+    .venv/bin/python bench/ai_crowd.py [--users 60] [--delay 3] [--spread 1] [--limit 30] [--no-peer] [--direct]
 
 Needs PostgreSQL and Redis on 127.0.0.1; creates and drops its own database.
 """
@@ -59,26 +61,64 @@ def model_stats(url: str, *, reset: bool = False) -> dict[str, Any]:
     return httpx.get(f"{url}/stats", timeout=10).json()
 
 
-async def push_crowd(sandbox: str, token: str, users: int, spread: float, text: str) -> dict[int, float]:
-    """One message per user, evenly over `spread` seconds, through the sandbox (which POSTs it
-    to the bot's webhook). Returns chat -> when its push started."""
+async def push_crowd(
+    sandbox: str, token: str, users: int, spread: float, text: str, *, webhook: str = ""
+) -> dict[int, float]:
+    """One message per user, evenly over `spread` seconds: through the sandbox (which POSTs it
+    to the bot's webhook), or, given the `webhook` URL, straight to it as Telegram does (the
+    sandbox's push is a thread and a request of its own per update). Returns chat -> when
+    its push started."""
     pushed: dict[int, float] = {}
-    limits = httpx.Limits(max_connections=64)
+    limits = httpx.Limits(max_connections=64 if not webhook else 16)
+    gate = asyncio.Semaphore(64 if not webhook else 16)
     async with httpx.AsyncClient(base_url=sandbox, timeout=60, limits=limits) as client:
         start = time.time()
 
         async def one(i: int) -> None:
             await asyncio.sleep(max(0.0, start + i * spread / users - time.time()))
             chat = FIRST_CHAT + i
-            pushed[chat] = time.time()
-            body = {"token": token, "chat_id": chat, "text": f"{text} {i}"}
-            response = await client.post("/sandbox/updates", json=body)
-            status = response.json().get("webhook_status")
+            async with gate:
+                pushed[chat] = time.time()
+                if webhook:
+                    status = await deliver(client, webhook, chat, f"{text} {i}")
+                else:
+                    body = {"token": token, "chat_id": chat, "text": f"{text} {i}"}
+                    response = await client.post("/sandbox/updates", json=body)
+                    status = response.json().get("webhook_status")
             if status != 200:
                 raise SystemExit(f"the webhook answered {status} for chat {chat}")
 
         await asyncio.gather(*(one(i) for i in range(users)))
     return pushed
+
+
+# Far above the sandbox's own update ids (the warm-up's): a repeated id would be a duplicate,
+# stored once and never answered again.
+_update_ids = iter(range(10**8, 10**9))
+
+
+async def deliver(client: httpx.AsyncClient, url: str, chat: int, text: str) -> int:
+    """One update POSTed to a webhook as Telegram does (its secret token header)."""
+    n = next(_update_ids)
+    user = {"id": chat, "is_bot": False, "first_name": "Crowd"}
+    update = {
+        "update_id": n,
+        "message": {
+            "message_id": n,
+            "from": user,
+            "chat": {**user, "type": "private"},
+            "date": int(time.time()),
+            "text": text,
+        },
+    }
+    for attempt in range(3):
+        try:
+            response = await client.post(url, json=update, headers={"X-Telegram-Bot-Api-Secret-Token": SECRET})
+            return response.status_code
+        except httpx.TransportError:
+            if attempt == 2:
+                raise
+    return 0
 
 
 def answers(sandbox: str, token: str, text: str) -> list[dict[str, Any]]:
@@ -199,6 +239,11 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=30, help="L: the sandbox's and the bot's messages/s")
     parser.add_argument("--concurrency", type=int, default=4, help="the worker's -c (the Procfile's default: 4)")
     parser.add_argument("--no-peer", action="store_true", help="Dovecote alone")
+    parser.add_argument(
+        "--direct",
+        action="store_true",
+        help="POST the updates to the webhooks, as Telegram does, not through the sandbox",
+    )
     args = parser.parse_args()
 
     env = c.bench_env(DB, DEBUG="0", SECRET_KEY="aicrowd-bench-not-a-secret-0123456789abcdefghijklmnopqrstuvwxyz")
@@ -229,7 +274,8 @@ def main() -> None:
         model_stats(model_url, reset=True)
         sampler = Sampler(worker.pid).start()
         pushing = time.time()
-        pushed = asyncio.run(push_crowd(sandbox_url, TOKEN, args.users, args.spread, "question"))
+        direct = f"{web_url}/webhooks/telegram/aicrowd/" if args.direct else ""
+        pushed = asyncio.run(push_crowd(sandbox_url, TOKEN, args.users, args.spread, "question", webhook=direct))
         pushed_in = time.time() - pushing
         floor = args.delay + args.users / args.limit
         c.wait_until(
@@ -292,7 +338,8 @@ def main() -> None:
         c.wait_until(lambda: answers(sandbox_url, PEER_TOKEN, "warm-up"), 60, "the peer's warm-up answer", 0.2)
         time.sleep(2.0)
         model_stats(model_url, reset=True)
-        pushed = asyncio.run(push_crowd(sandbox_url, PEER_TOKEN, args.users, args.spread, "question"))
+        direct = f"http://127.0.0.1:{port}/ptb-ai" if args.direct else ""
+        pushed = asyncio.run(push_crowd(sandbox_url, PEER_TOKEN, args.users, args.spread, "question", webhook=direct))
         c.wait_until(
             lambda: len(answers(sandbox_url, PEER_TOKEN, "question")) >= args.users,
             floor * 4 + 60,

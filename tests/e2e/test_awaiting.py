@@ -167,7 +167,9 @@ def test_a_worker_killed_with_a_hundred_model_calls_in_flight_is_taken_over_and_
     process_env: dict[str, str], processes: list[Process], sandbox, bot_factory, model: FakeModel
 ) -> None:
     model.delay = 8.0  # all hundred asked before the first answers
-    lease = 3
+    # Long enough that a live worker's renewals never miss it on a loaded host (a run taken
+    # over from a live worker would ask the model once more); the killed one's run out.
+    lease = 6
     env = awaiting_env(process_env, model, DOVECOTE_CONSUMER_LEASE_SECONDS=str(lease))
     bot = bot_factory(responder="openai")
     worker = serve(env, processes, bot)
@@ -223,7 +225,9 @@ def test_a_postgresql_restart_with_a_hundred_model_calls_in_flight_leaves_each_c
 
     server, name = crashable_database
     model.delay = 8.0  # all hundred asked before the first answers, which come while it is down
-    env = awaiting_env(process_env, model, DATABASE_URL=server.url(name), DOVECOTE_CONSUMER_LEASE_SECONDS="5")
+    # The fault schedules' lease: the runs whose settling waited out the crash are taken over at
+    # its end, and a live worker's renewals do not miss it on a loaded host.
+    env = awaiting_env(process_env, model, DATABASE_URL=server.url(name), DOVECOTE_CONSUMER_LEASE_SECONDS="10")
     bot = make_bot(sandbox_server.base_url, responder="openai")
     serve(env, processes, bot)
     chats = range(12000, 12100)
@@ -234,7 +238,7 @@ def test_a_postgresql_restart_with_a_hundred_model_calls_in_flight_leaves_each_c
     server.crash()  # every backend gone at once, no checkpoint; the model answers meanwhile
     wait_until(lambda: model.answered >= len(chats), timeout=30, message="the model's answers, PostgreSQL down")
     server.start()  # crash recovery
-    with override_settings(DOVECOTE_REDISPATCH_GRACE_SECONDS=0, DOVECOTE_CONSUMER_LEASE_SECONDS=5):
+    with override_settings(DOVECOTE_REDISPATCH_GRACE_SECONDS=0, DOVECOTE_CONSUMER_LEASE_SECONDS=10):
 
         def answered() -> bool:
             close_old_connections()
