@@ -341,12 +341,12 @@ def scenario_kill(system: System) -> dict:
 
 
 def main() -> None:
+    global SETTLE_SECONDS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="502,503,401,redis,postgres,kill")
     parser.add_argument("--settle", type=float, default=SETTLE_SECONDS, help="the longest wait for the replies")
     args = parser.parse_args()
     chosen = args.only.split(",")
-    global SETTLE_SECONDS
     SETTLE_SECONDS = args.settle
     remove_clusters_of_dead_runs()
     pg = PrivatePostgres().init()

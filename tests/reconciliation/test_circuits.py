@@ -271,3 +271,22 @@ def test_a_success_after_failures_too_few_to_open_the_circuit_releases_their_ret
     assert Circuit.objects.get(scope=scope).consecutive_failures == 0
     assert OutboundMessage.objects.get(pk=waiting.pk).next_attempt_at <= timezone.now()
     assert [t.name for t in queued()] == ["outbox.drain_bot"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_probe_task_that_finds_a_probe_out_does_not_hold_back_the_next_one(bot) -> None:
+    """Found by the fault schedules at production's defaults: a second probe task, finding
+    the circuit half-open, set a timer for the probe's lease (60 s) on the probe key, and
+    the failed probe's next one (4 s) was then never published."""
+    scope = f"bot:{bot.pk}"
+    circuits.open_for_auth(scope, reason="Unauthorized")
+    probe_due(scope)
+    assert circuits.try_probe(scope)  # a probe is out
+    clear_queue()
+    wakeups.release(probe.probe_key(bot.pk))
+
+    assert probe.bot_circuit_probe(bot.pk) == "probing-elsewhere"
+    assert queued() == []
+    circuits.record_failure(scope, reason="502")  # the probe out failed
+
+    assert [t.name for t in queued()] == ["outbox.probe_bot"]
