@@ -6,7 +6,8 @@ closed -> open: an auth error, or FAILURES_TO_OPEN failures in a row. Attempts s
   the conditional UPDATE closed -> open decides which worker logs it.
 open -> half_open: at ``next_probe_at`` one caller wins the conditional UPDATE and sends
   a single probe; everyone else keeps waiting. The probe holds the circuit for
-  DOVECOTE_CIRCUIT_PROBE_LEASE_SECONDS, so a probe whose worker died is retried rather than orphaned.
+  DOVECOTE_CIRCUIT_PROBE_LEASE_SECONDS (a bot's: its Bot API timeouts and a margin, if
+  shorter), so a probe whose worker died is retried rather than orphaned.
   A bot's probe is a getMe of its own (outbox/sending/probe.py), sent by a task published
   for `next_probe_at` whenever the circuit opens or a probe fails: the probes come every
   few seconds while the outage lasts, not at the sweeper's ticks.
@@ -45,8 +46,18 @@ def _max_probe() -> float:
     return float(settings.DOVECOTE_CIRCUIT_MAX_PROBE_SECONDS)
 
 
-def _probe_lease() -> float:
-    return float(settings.DOVECOTE_CIRCUIT_PROBE_LEASE_SECONDS)
+def _probe_lease(scope: str) -> float:
+    """How long a probe holds the circuit half-open. A bot's probe is one Bot API call, over
+    within its timeouts: a probe whose worker died is replaced after that, not after the
+    setting meant for a consumer's probe (a whole run)."""
+    lease = float(settings.DOVECOTE_CIRCUIT_PROBE_LEASE_SECONDS)
+    if scope.startswith(BOT_PREFIX):
+        call = settings.DOVECOTE_TELEGRAM_CONNECT_TIMEOUT + settings.DOVECOTE_TELEGRAM_READ_TIMEOUT
+        return min(lease, call + BOT_PROBE_MARGIN_SECONDS)
+    return lease
+
+
+BOT_PROBE_MARGIN_SECONDS = 5.0
 
 
 _NOT_CLOSED = (CircuitState.OPEN, CircuitState.HALF_OPEN)
@@ -103,7 +114,7 @@ def try_probe(scope: str) -> bool:
         scope=scope, state__in=_NOT_CLOSED, manual=False, next_probe_at__isnull=False, next_probe_at__lte=now
     ).update(
         state=CircuitState.HALF_OPEN,
-        next_probe_at=now + timedelta(seconds=_probe_lease()),
+        next_probe_at=now + timedelta(seconds=_probe_lease(scope)),
         updated_at=now,
     )
     if n == 1:
