@@ -67,9 +67,9 @@ PRODUCTION_ENV = {
 # message of the chat that went before it meanwhile: issue 42's "back within seconds". Exempt: a
 # message that went unknown (its case is the promise; `resend` waits its policy's delay).
 REPLY_BOUND_SECONDS = 10.0
-# A send or a run held by a SIGKILLed worker comes back when its lease runs out and the
-# sweeper ticks (a sweep the kill cut off holds the next one back for its lease): the bound
-# of what it held, from the kill.
+# A send or a run held by a SIGKILLed worker (and its chat's later messages) comes back when
+# its lease runs out and the sweeper ticks (a sweep the kill cut off holds the next one back
+# for its lease): the bound of what it held, from the kill.
 KILL_RECOVERY_SECONDS = (
     settings.DOVECOTE_SEND_LEASE_SECONDS
     + settings.DOVECOTE_SWEEP_LEASE_SECONDS
@@ -584,7 +584,9 @@ def play(
                 for proc in run.workers:
                     proc.kill()
                 run.blows.append(("kill_worker", before, timezone.now()))
-                run.held_at_kill |= _claimed_now(run)
+                held = _claimed_now(run)
+                run.held_at_kill |= held
+                run.note(t0, f"the killed worker held {len(held)} sends and runs: {sorted(held)[:8]}")
             elif f.kind == "restart_redis":
                 private_redis.kill()
             elif f.kind in POSTGRES_FAULTS:
@@ -867,6 +869,8 @@ def check(run: Run, sandbox: SandboxServer) -> list[str]:
     # How long after the faults each delivery came (issue 42: back within seconds).
     faults_over = max([run.started_at + run.schedule.faults_end] + [after.timestamp() for _, _, after in run.blows])
     kills = [before.timestamp() for kind, before, _ in run.blows if kind == "kill_worker"]
+    held_rows = OutboundMessage.objects.filter(pk__in=[pk for kind, pk in run.held_at_kill if kind == "message"])
+    held_chats = set(held_rows.values_list("bot_id", "chat_id"))
     for n, pks in sorted(run.rows.items()):
         m = planned[n]
         written = run.acknowledged_at.get(n) if m.webhook else run.enqueued_at.get(n)
@@ -881,6 +885,8 @@ def check(run: Run, sandbox: SandboxServer) -> list[str]:
             ahead = sum(1 for d, _, _ in arrivals[(m.bot, m.chat_id)] if base <= d.at < min(firsts))
             limit = base + REPLY_BOUND_SECONDS + ahead * (1.0 if m.chat_id > 0 else 3.0)
             held = ("message", pk) in run.held_at_kill or ("update", row.source_update_id) in run.held_at_kill
+            # A chat's later messages wait for its head, which the killed worker held.
+            held = held or (row.bot_id, row.chat_id) in held_chats
             if held and kills:
                 limit = max(limit, max(kills) + KILL_RECOVERY_SECONDS)
             if min(firsts) > limit:
