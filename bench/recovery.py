@@ -182,9 +182,13 @@ def measure(name: str, fault: str, sandbox_url: str, chats: Chats, cleared: floa
         expected = [t for t in written if t in owed and t in set(got)]
         if got and list(dict.fromkeys(got)) != expected:
             in_order = False
+    after = sorted(at for at in first_call.values() if at >= cleared)
+    # The backlog's pace once it moves: replies per second from the first to the last / L.
+    pace = (len(after) - 1) / (after[-1] - after[0]) / LIMIT if len(after) > 1 and after[-1] > after[0] else None
     return {
         "scenario": name,
         "fault": fault,
+        "pace": pace,
         "owed": len(owed),
         "answered": len(set(texts)),
         "held": len(held),
@@ -341,12 +345,12 @@ def scenario_kill(system: System) -> dict:
 
 
 def main() -> None:
+    global SETTLE_SECONDS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="502,503,401,redis,postgres,kill")
     parser.add_argument("--settle", type=float, default=SETTLE_SECONDS, help="the longest wait for the replies")
     args = parser.parse_args()
     chosen = args.only.split(",")
-    global SETTLE_SECONDS
     SETTLE_SECONDS = args.settle
     remove_clusters_of_dead_runs()
     pg = PrivatePostgres().init()

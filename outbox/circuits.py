@@ -5,7 +5,8 @@ closed -> open: an auth error, or FAILURES_TO_OPEN failures in a row; the queue 
 alert is logged per opening. open -> half_open: at ``next_probe_at`` one caller wins and sends a
 single probe (a bot's is a getMe task of its own, outbox/sending/probe.py, published for
 ``next_probe_at``: probes come every few seconds while the outage lasts, not at the sweeper's
-ticks), under DOVECOTE_CIRCUIT_PROBE_LEASE_SECONDS. half_open -> closed on success: the retries
+ticks), under DOVECOTE_CIRCUIT_PROBE_LEASE_SECONDS (a bot's: its Bot API timeouts and a margin, if
+shorter). half_open -> closed on success: the retries
 the outage scheduled are made due at once and the drain sends them at the limiter's pace
 (`on_bot_closed`). half_open -> open on failure, the next probe waiting twice as long, up to
 the modest DOVECOTE_CIRCUIT_MAX_PROBE_SECONDS. A manual pause has no probe and is lifted only by
@@ -37,8 +38,18 @@ def _max_probe() -> float:
     return float(settings.DOVECOTE_CIRCUIT_MAX_PROBE_SECONDS)
 
 
-def _probe_lease() -> float:
-    return float(settings.DOVECOTE_CIRCUIT_PROBE_LEASE_SECONDS)
+def _probe_lease(scope: str) -> float:
+    """How long a probe holds the circuit half-open. A bot's probe is one Bot API call, over
+    within its timeouts: a probe whose worker died is replaced after that, not after the
+    setting meant for a consumer's probe (a whole run)."""
+    lease = float(settings.DOVECOTE_CIRCUIT_PROBE_LEASE_SECONDS)
+    if scope.startswith(BOT_PREFIX):
+        call = settings.DOVECOTE_TELEGRAM_CONNECT_TIMEOUT + settings.DOVECOTE_TELEGRAM_READ_TIMEOUT
+        return min(lease, call + BOT_PROBE_MARGIN_SECONDS)
+    return lease
+
+
+BOT_PROBE_MARGIN_SECONDS = 5.0
 
 
 _NOT_CLOSED = (CircuitState.OPEN, CircuitState.HALF_OPEN)
@@ -95,7 +106,7 @@ def try_probe(scope: str) -> bool:
         scope=scope, state__in=_NOT_CLOSED, manual=False, next_probe_at__isnull=False, next_probe_at__lte=now
     ).update(
         state=CircuitState.HALF_OPEN,
-        next_probe_at=now + timedelta(seconds=_probe_lease()),
+        next_probe_at=now + timedelta(seconds=_probe_lease(scope)),
         updated_at=now,
     )
     if n == 1:

@@ -22,6 +22,7 @@ published here never do the same work twice.
 from __future__ import annotations
 
 import logging
+from datetime import UTC, datetime
 
 import redis
 from django.conf import settings
@@ -47,8 +48,6 @@ ONCE_MS = 3_000
 def resume(since: float) -> dict[str, int]:
     """Take up this process's claims from before `since` (a time.time()), then, once for all
     processes, hand on what waits. Returns what it did."""
-    from datetime import UTC, datetime
-
     before = datetime.fromtimestamp(since, tz=UTC)
     report = own_claims(before)
     if _first_to_resume():
@@ -57,7 +56,7 @@ def resume(since: float) -> dict[str, int]:
     return report
 
 
-def own_claims(before) -> dict[str, int]:
+def own_claims(before: datetime) -> dict[str, int]:
     """Step 1: the runs and sends this process claimed before `before`."""
     worker = worker_id()
     runs = bot_transitions.release_own_runs(worker=worker, claimed_before=before)

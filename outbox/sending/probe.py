@@ -58,8 +58,11 @@ def bot_circuit_probe(bot_id: int) -> str:
         return "paused"  # an operator's pause: no probe until resumed
     now = timezone.now()
     if circuit.next_probe_at is not None and circuit.next_probe_at > now:
-        # Early (another probe is out, holding it half-open), or rescheduled meanwhile.
-        schedule_probe(bot_id, (circuit.next_probe_at - now).total_seconds())
+        if circuit.state == CircuitState.HALF_OPEN:
+            # Another probe is out: its outcome schedules the next one (the sweeper takes
+            # over if its worker died). A timer for its lease's end would hold the key.
+            return "probing-elsewhere"
+        schedule_probe(bot_id, (circuit.next_probe_at - now).total_seconds())  # rescheduled meanwhile
         return "not-due"
     if not circuits.try_probe(scope):
         return "probing-elsewhere"
@@ -96,7 +99,14 @@ def release_backlog(bot_id: int, *, was_open: bool = True) -> int:
 
 def _on_opened(bot_id: int, delay: float) -> None:
     # After the commit that opened it (now, outside a transaction): the probe reads it.
-    transaction.on_commit(lambda: _quietly(schedule_probe, bot_id, delay))
+    transaction.on_commit(lambda: _quietly(_reschedule_probe, bot_id, delay))
+
+
+def _reschedule_probe(bot_id: int, delay: float) -> None:
+    """The circuit's probe time was just set: a timer published for another time (a probe
+    task that found it half-open, before its probe failed) must not hold the key."""
+    wakeups.release(probe_key(bot_id))
+    schedule_probe(bot_id, delay)
 
 
 def _on_closed(bot_id: int, was_open: bool) -> None:

@@ -67,9 +67,9 @@ PRODUCTION_ENV = {
 # message of the chat that went before it meanwhile: issue 42's "back within seconds". Exempt: a
 # message that went unknown (its case is the promise; `resend` waits its policy's delay).
 REPLY_BOUND_SECONDS = 10.0
-# A send or a run held by a SIGKILLed worker comes back when its lease runs out and the
-# sweeper ticks (a sweep the kill cut off holds the next one back for its lease): the bound
-# of what it held, from the kill.
+# A send or a run held by a SIGKILLed worker (and its chat's later messages) comes back when
+# its lease runs out and the sweeper ticks (a sweep the kill cut off holds the next one back
+# for its lease): the bound of what it held, from the kill.
 KILL_RECOVERY_SECONDS = (
     settings.DOVECOTE_SEND_LEASE_SECONDS
     + settings.DOVECOTE_SWEEP_LEASE_SECONDS
@@ -338,6 +338,8 @@ class Run:
     # What the killed worker held: ("message", id) of sends in `sending`, ("update", id) of
     # updates with a run `running` (read right after the kill; empty when PostgreSQL was down).
     held_at_kill: set[tuple[str, int]] = field(default_factory=set)
+    held_unread: bool = False  # PostgreSQL was down at the kill: read once a worker is back
+    worker_back_at: float = 0.0  # time.time() when a worker was ready after the kill
     cancelled: set[int] = field(default_factory=set)  # n whose cancel succeeded
     # n whose cancel raised (PostgreSQL down): it may have taken effect or not.
     cancel_unsure: set[int] = field(default_factory=set)
@@ -415,6 +417,13 @@ class Supervisor:
             self.processes.append(proc)
             self.run.workers.append(proc)
             self.run.note(self.t0, f"{name} ready, {what}")
+            if what == "after the schedule's kill":
+                # The kill's fault clears when a worker is back: nothing is sent before.
+                self.run.worker_back_at = time.time()
+                if self.run.held_unread:
+                    # PostgreSQL was down at the kill: what is in `sending` now was the
+                    # killed worker's (the new one has only just started).
+                    self.run.held_at_kill |= _claimed_now(self.run)
 
 
 def set_webhook(sandbox: SandboxServer, token: str, url: str) -> None:
@@ -601,7 +610,13 @@ def play(
                 for proc in run.workers:
                     proc.kill()
                 run.blows.append(("kill_worker", before, timezone.now()))
-                run.held_at_kill |= _claimed_now(run)
+                held = _claimed_now(run)
+                if held is None:
+                    run.held_unread = True
+                    run.note(t0, "what the killed worker held is read once a worker is back (PostgreSQL is down)")
+                else:
+                    run.held_at_kill |= held
+                    run.note(t0, f"the killed worker held {len(held)} sends and runs: {sorted(held)[:8]}")
             elif f.kind == "restart_redis":
                 private_redis.kill()
             elif f.kind in POSTGRES_FAULTS:
@@ -640,7 +655,8 @@ OPEN_STATES = (State.PENDING, State.RETRY, State.SENDING)
 RUN_OPEN = (RunState.PENDING, RunState.RUNNING, RunState.RETRY)
 
 
-def _claimed_now(run: Run) -> set[tuple[str, int]]:
+def _claimed_now(run: Run) -> set[tuple[str, int]] | None:
+    """The sends in `sending` and the updates with a run `running`; None when PostgreSQL is down."""
     try:
         close_old_connections()
         sending = OutboundMessage.objects.filter(bot_id__in=run.bot_ids, state=State.SENDING)
@@ -650,7 +666,7 @@ def _claimed_now(run: Run) -> set[tuple[str, int]]:
         }
     except (OperationalError, InterfaceError):
         connection.close()
-        return set()
+        return None
 
 
 def resolve_rows(run: Run) -> None:
@@ -882,8 +898,13 @@ def check(run: Run, sandbox: SandboxServer) -> list[str]:
                 )
 
     # How long after the faults each delivery came (issue 42: back within seconds).
-    faults_over = max([run.started_at + run.schedule.faults_end] + [after.timestamp() for _, _, after in run.blows])
+    faults_over = max(
+        [run.started_at + run.schedule.faults_end, run.worker_back_at]
+        + [after.timestamp() for _, _, after in run.blows]
+    )
     kills = [before.timestamp() for kind, before, _ in run.blows if kind == "kill_worker"]
+    held_rows = OutboundMessage.objects.filter(pk__in=[pk for kind, pk in run.held_at_kill if kind == "message"])
+    held_chats = set(held_rows.values_list("bot_id", "chat_id"))
     for n, pks in sorted(run.rows.items()):
         m = planned[n]
         written = run.acknowledged_at.get(n) if m.webhook else run.enqueued_at.get(n)
@@ -898,6 +919,8 @@ def check(run: Run, sandbox: SandboxServer) -> list[str]:
             ahead = sum(1 for d, _, _ in arrivals[(m.bot, m.chat_id)] if base <= d.at < min(firsts))
             limit = base + REPLY_BOUND_SECONDS + ahead * (1.0 if m.chat_id > 0 else 3.0)
             held = ("message", pk) in run.held_at_kill or ("update", row.source_update_id) in run.held_at_kill
+            # A chat's later messages wait for its head, which the killed worker held.
+            held = held or (row.bot_id, row.chat_id) in held_chats
             if held and kills:
                 limit = max(limit, max(kills) + KILL_RECOVERY_SECONDS)
             if min(firsts) > limit:

@@ -271,3 +271,38 @@ def test_a_success_after_failures_too_few_to_open_the_circuit_releases_their_ret
     assert Circuit.objects.get(scope=scope).consecutive_failures == 0
     assert OutboundMessage.objects.get(pk=waiting.pk).next_attempt_at <= timezone.now()
     assert [t.name for t in queued()] == ["outbox.drain_bot"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_probe_task_that_finds_a_probe_out_does_not_hold_back_the_next_one(bot) -> None:
+    """Found by the fault schedules at production's defaults: a second probe task, finding
+    the circuit half-open, set a timer for the probe's lease (60 s) on the probe key, and
+    the failed probe's next one (4 s) was then never published."""
+    scope = f"bot:{bot.pk}"
+    circuits.open_for_auth(scope, reason="Unauthorized")
+    probe_due(scope)
+    assert circuits.try_probe(scope)  # a probe is out
+    clear_queue()
+    wakeups.release(probe.probe_key(bot.pk))
+
+    assert probe.bot_circuit_probe(bot.pk) == "probing-elsewhere"
+    assert queued() == []
+    circuits.record_failure(scope, reason="502")  # the probe out failed
+
+    assert [t.name for t in queued()] == ["outbox.probe_bot"]
+
+
+def test_a_bots_probe_holds_its_circuit_for_its_calls_timeouts_not_a_consumers_lease(db: None) -> None:
+    """Found by the fault schedules: a probe lost with its worker held the bot's circuit
+    half-open for the 60 s lease, and its replies with it."""
+    circuits.open_for_auth("bot:7", reason="Unauthorized")
+    circuits.open_for_auth("consumer:crm", reason="401")
+    probe_due("bot:7")
+    probe_due("consumer:crm")
+    assert circuits.try_probe("bot:7")
+    assert circuits.try_probe("consumer:crm")
+
+    held = {c.scope: (c.next_probe_at - timezone.now()).total_seconds() for c in Circuit.objects.all()}
+    call = settings.DOVECOTE_TELEGRAM_CONNECT_TIMEOUT + settings.DOVECOTE_TELEGRAM_READ_TIMEOUT
+    assert held["bot:7"] <= call + circuits.BOT_PROBE_MARGIN_SECONDS
+    assert held["consumer:crm"] > settings.DOVECOTE_CIRCUIT_PROBE_LEASE_SECONDS - 5

@@ -1,0 +1,83 @@
+"""After an outage, a process takes up its own claims and hands on what waits
+(reconciliation/resume.py): no lease or sweeper tick to wait for."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+import redis
+from django.conf import settings
+from django.utils import timezone
+
+from bots.models import ConsumerRun, RunState
+from outbox.models import OutboundMessage, State
+from outbox.workers import worker_id
+from reconciliation import resume
+from reconciliation.models import CaseStatus, ReconciliationCase
+from tests.conftest import _delete_run_keys
+from tests.reconciliation.factories import message_row, open_attempt, stored_update
+from tests.support import queued
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def claimed(bot, key: str, *, owner: str, at) -> OutboundMessage:
+    """A send claimed by `owner` at `at`, its lease far from expired (the sweeper would wait)."""
+    row = message_row(bot, key=key, state=State.SENDING, chat_id=hash(key) % 1000, lease_owner=owner)
+    OutboundMessage.objects.filter(pk=row.pk).update(updated_at=at, lease_expires_at=at + timedelta(seconds=60))
+    return row
+
+
+def test_a_process_takes_up_the_sends_it_had_claimed_before_the_outage_and_only_those(bot) -> None:
+    outage = timezone.now()
+    earlier, later = outage - timedelta(seconds=1), outage + timedelta(seconds=1)
+    mine = claimed(bot, "mine", owner=worker_id(), at=earlier)
+    in_flight = claimed(bot, "in-flight", owner=worker_id(), at=earlier)
+    open_attempt(in_flight)  # its request had started: nobody knows whether it went
+    theirs = claimed(bot, "theirs", owner="other:1", at=earlier)
+    since = claimed(bot, "since", owner=worker_id(), at=later)  # claimed after the outage
+
+    report = resume.own_claims(outage)
+
+    assert (report["sends_released"], report["sends_unknown"]) == (1, 1)
+    state = dict(OutboundMessage.objects.values_list("pk", "state"))
+    assert state[mine.pk] == State.PENDING
+    assert state[in_flight.pk] == State.UNKNOWN
+    assert ReconciliationCase.objects.get(message=in_flight).status == CaseStatus.OPEN
+    assert (state[theirs.pk], state[since.pk]) == (State.SENDING, State.SENDING)
+    assert [t.name for t in queued()] == ["outbox.drain_bot"]
+
+
+def test_a_process_retries_the_runs_it_had_claimed_before_the_outage_without_spending_their_budget(bot) -> None:
+    update = stored_update(bot)
+    run = ConsumerRun.objects.create(
+        update=update,
+        bot_id=bot.pk,
+        consumer="analytics",
+        state=RunState.RUNNING,
+        lease_owner=worker_id(),
+        lease_expires_at=timezone.now() + timedelta(seconds=15),
+        attempts=1,
+        max_attempts=3,
+        next_attempt_at=timezone.now(),
+    )
+
+    assert resume.own_claims(timezone.now() + timedelta(seconds=1))["runs_retried"] == 1
+
+    run.refresh_from_db()
+    assert (run.state, run.lease_owner, run.max_attempts) == (RunState.RETRY, "", 4)
+    assert run.next_attempt_at <= timezone.now()
+    assert "bots.run_consumer" in [t.name for t in queued()]
+
+
+def test_once_for_all_processes_what_waits_is_handed_on(bot) -> None:
+    stored_update(bot)
+    message_row(bot, key="due", chat_id=5)
+    # Redis restarted empty: the router's task and its wake-up key are gone (this run's keys).
+    _delete_run_keys(redis.Redis.from_url(settings.REDIS_URL))
+
+    first = resume.hand_on_waiting()
+
+    assert (first["routers"], first["drains"]) == (1, 1)
+    assert sorted(t.name for t in queued()) == ["bots.route_bot", "outbox.drain_bot"]
