@@ -48,7 +48,7 @@ lock:
 	  -o requirements.lock requirements.txt
 	var/pip-tools/bin/pip-compile -q --generate-hashes --allow-unsafe --strip-extras --no-header \
 	  --no-emit-index-url --no-emit-find-links \
-	  -o requirements-dev.lock requirements.txt requirements-dev.txt
+	  -o requirements-dev.lock requirements.txt requirements-demo.txt requirements-dev.txt
 
 clean:
 	rm -rf var/ staticfiles/ .pytest_cache

@@ -22,7 +22,7 @@ def pins(name: str) -> dict[str, str]:
     ("lock", "sources"),
     [
         ("requirements.lock", ["requirements.txt"]),
-        ("requirements-dev.lock", ["requirements.txt", "requirements-dev.txt"]),
+        ("requirements-dev.lock", ["requirements.txt", "requirements-demo.txt", "requirements-dev.txt"]),
     ],
 )
 def test_the_lock_pins_what_the_requirements_pin(lock: str, sources: list[str]) -> None:
