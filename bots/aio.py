@@ -434,5 +434,7 @@ def start_routed(runs: list[ConsumerRun], *, timeout: float) -> list[ConsumerRun
                 run.attempts = claimed[run.pk]
                 from bots import registry
 
-                start(run, registry.get(run.consumer), worker=worker)
+                spec = registry.get(run.consumer)
+                assert spec is not None  # claimed runs are of registered consumers
+                start(run, spec, worker=worker)
     return left + waiting

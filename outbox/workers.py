@@ -141,7 +141,7 @@ class OutageWatch:
     EPOCH_CHECK_SECONDS = 1.0
 
     def __init__(self) -> None:
-        self._resumers: list[Callable[[float], None]] = []
+        self._resumers: list[Callable[[float], object]] = []
         self._lock = threading.Lock()
         self._since: float | None = None
         self._pid = 0
@@ -149,7 +149,7 @@ class OutageWatch:
         self._enabled = False  # started in a worker or web process; never in a test's own
         self._wake = threading.Event()
 
-    def register(self, resume: Callable[[float], None]) -> None:
+    def register(self, resume: Callable[[float], object]) -> None:
         self._resumers.append(resume)
 
     def start(self, *, watch_redis: bool = False) -> None:

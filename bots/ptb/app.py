@@ -73,7 +73,7 @@ class Application(tx.Application):
             from bots.ptb.request import DovecoteRequest
 
             builder = builder.request(DovecoteRequest(bot_name)).get_updates_request(DovecoteRequest(bot_name))
-            builder = builder.job_queue(None).persistence(DovecotePersistence())
+            builder = builder.job_queue(None).persistence(DovecotePersistence())  # type: ignore[assignment]
         return builder
 
     def run_polling(self, *args: Any, **kwargs: Any) -> Any:

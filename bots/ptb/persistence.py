@@ -192,7 +192,7 @@ def conversation_keys(application: tx.Application, update: telegram.Update) -> d
             key = handler._get_key(update)
         except RuntimeError:
             continue  # the update has no chat or user for this handler's key
-        found[conversation_key(handler.name, key)] = (handler, key)
+        found[conversation_key(str(handler.name), key)] = (handler, key)
     return found
 
 

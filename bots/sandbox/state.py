@@ -547,7 +547,7 @@ class SandboxState:
                 message["caption"] = text
         else:
             message["text"] = text
-        if not photo and text.startswith("/"):
+        if not photo and isinstance(text, str) and text.startswith("/"):
             # PTB's CommandHandler only fires on a bot_command entity at offset 0.
             command = text.split(maxsplit=1)[0]
             message["entities"] = [{"type": "bot_command", "offset": 0, "length": len(command)}]
