@@ -274,18 +274,20 @@ def release_expired_run(run_id: int, *, delay: float, error: str) -> bool:
     return n == 1
 
 
-def release_own_runs(*, worker: str, claimed_before: datetime) -> list[int]:
+def release_own_runs(*, worker: str, claimed_before: datetime, alive: list[int] | None = None) -> list[int]:
     """running -> retry, due now, for the runs this worker claimed before `claimed_before`
     and no longer works on: the task that held them failed when PostgreSQL or Redis went
-    away (reconciliation/resume.py). Its consumer did not fail, so the attempt is given back
-    (max_attempts + 1, as an auth pause). Returns their ids."""
+    away (reconciliation/resume.py). `alive`: runs this process still works on (an awaiting
+    run on the event loop, a run waiting for its model or CRM), never released. Its consumer
+    did not fail, so the attempt is given back (max_attempts + 1, as an auth pause). Returns
+    their ids."""
     now = timezone.now()
     table = ConsumerRun._meta.db_table
     released = rows.fetch(
         f"""UPDATE {table} SET state = %s, next_attempt_at = %s, lease_owner = '', lease_expires_at = NULL,
                    updated_at = %s, max_attempts = max_attempts + 1,
                    last_error = %s, last_error_class = 'transient'
-            WHERE state = %s AND lease_owner = %s AND updated_at < %s
+            WHERE state = %s AND lease_owner = %s AND updated_at < %s AND NOT (id = ANY(%s::bigint[]))
             RETURNING id""",  # noqa: S608 - the table from _meta, values as parameters
         [
             RunState.RETRY,
@@ -295,6 +297,7 @@ def release_own_runs(*, worker: str, claimed_before: datetime) -> list[int]:
             RunState.RUNNING,
             worker,
             claimed_before,
+            list(alive or ()),
         ],
     )
     return [pk for (pk,) in released]

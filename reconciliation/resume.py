@@ -35,7 +35,7 @@ from outbox import circuits, dispatch, ratelimit, wakeups
 from outbox import transitions as outbox_transitions
 from outbox.models import Circuit, CircuitState, OutboundMessage, State
 from outbox.sending import probe
-from outbox.workers import worker_id
+from outbox.workers import lease_keeper, worker_id
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +59,10 @@ def resume(since: float) -> dict[str, int]:
 def own_claims(before: datetime) -> dict[str, int]:
     """Step 1: the runs and sends this process claimed before `before`."""
     worker = worker_id()
-    runs = bot_transitions.release_own_runs(worker=worker, claimed_before=before)
+    # A run this process still holds is alive (awaiting a model on the event loop, or a
+    # synchronous one between its database steps): the outage did not cut it off.
+    alive = lease_keeper.held("run")
+    runs = bot_transitions.release_own_runs(worker=worker, claimed_before=before, alive=alive)
     for pk in runs:
         bot_services.dispatch_run(pk)
     sends = {"released": 0, "unknown": 0}

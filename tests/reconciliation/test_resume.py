@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from bots.models import ConsumerRun, RunState
 from outbox.models import OutboundMessage, State
-from outbox.workers import worker_id
+from outbox.workers import lease_keeper, worker_id
 from reconciliation import resume
 from reconciliation.models import CaseStatus, ReconciliationCase
 from tests.conftest import _delete_run_keys
@@ -69,6 +69,34 @@ def test_a_process_retries_the_runs_it_had_claimed_before_the_outage_without_spe
     assert (run.state, run.lease_owner, run.max_attempts) == (RunState.RETRY, "", 4)
     assert run.next_attempt_at <= timezone.now()
     assert "bots.run_consumer" in [t.name for t in queued()]
+
+
+def test_a_run_this_process_still_works_on_is_not_taken_up_after_an_outage(bot) -> None:
+    # An awaiting run on the event loop (a model call in flight) lives through a restart of
+    # PostgreSQL: released, it would be run a second time and its model asked twice.
+    update = stored_update(bot)
+    alive, cut_off = (
+        ConsumerRun.objects.create(
+            update=update,
+            bot_id=bot.pk,
+            consumer=consumer,
+            state=RunState.RUNNING,
+            lease_owner=worker_id(),
+            lease_expires_at=timezone.now() + timedelta(seconds=15),
+            attempts=1,
+            max_attempts=3,
+            next_attempt_at=timezone.now(),
+        )
+        for consumer in ("auto_reply", "analytics")
+    )
+
+    with lease_keeper.holding("run", [alive.pk]):
+        assert resume.own_claims(timezone.now() + timedelta(seconds=1))["runs_retried"] == 1
+
+    alive.refresh_from_db()
+    cut_off.refresh_from_db()
+    assert (alive.state, alive.lease_owner) == (RunState.RUNNING, worker_id())
+    assert cut_off.state == RunState.RETRY
 
 
 def test_once_for_all_processes_what_waits_is_handed_on(bot) -> None:
