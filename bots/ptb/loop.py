@@ -1,30 +1,25 @@
-"""Where python-telegram-bot's coroutines run: one event loop per process, in a thread of its
-own, never `asyncio.run` per run (a loop per run would also be a loop per handling to set up
-and tear down).
+"""Where python-telegram-bot's coroutines run: the process's one event loop, in a thread of its
+own (bots/aio.py's, shared with awaiting consumers and the Bot API client), never
+`asyncio.run` per run (a loop per handling to set up and tear down).
 
 The handling's Bot API calls need the database on the caller's connection (the journal, the
 outbox, the run's transaction): the request class hands each to the caller's thread with
 `in_caller`, and `run_coroutine` serves them there while it waits. Django's ORM thus never
 runs on the loop's thread.
 
-The one place a coroutine is run: to move onto a shared per-worker loop (bots/aio.py), only
-`_loop()` changes.
+The one place a coroutine is run, on the loop the process shares with awaiting consumers
+(bots/aio.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
-import os
 import queue
-import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
-
-_lock = threading.Lock()
-_state: dict[str, Any] = {"pid": None, "loop": None}
 
 # The calling thread's queue of work handed back by the coroutine (set while it runs).
 _caller: contextvars.ContextVar[queue.SimpleQueue[Any] | None] = contextvars.ContextVar(
@@ -34,13 +29,11 @@ _DONE = object()
 
 
 def _loop() -> asyncio.AbstractEventLoop:
-    """This process's loop (a forked child makes its own)."""
-    with _lock:
-        if _state["loop"] is None or _state["pid"] != os.getpid():
-            loop = asyncio.new_event_loop()
-            threading.Thread(target=loop.run_forever, name="ptb-loop", daemon=True).start()
-            _state["loop"], _state["pid"] = loop, os.getpid()
-        return _state["loop"]
+    """This process's loop, shared with awaiting consumers and the Bot API client (bots/aio.py;
+    a forked child has its own)."""
+    from bots import aio
+
+    return aio.loop()
 
 
 def run_coroutine(coro: Coroutine[Any, Any, T]) -> T:
