@@ -38,6 +38,7 @@ test: $(VENV)/.installed-dev services
 lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 # The lock files: every transitive dependency pinned with its hashes (pip-tools, in a venv of
 # its own so that it never changes .venv). Run after editing requirements*.txt.

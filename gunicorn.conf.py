@@ -41,7 +41,7 @@ def post_worker_init(worker: object) -> None:
     """The worker has loaded the app: its startup heap out of the garbage collector's passes,
     which held requests up for tens of milliseconds, and its youngest generation collected
     less often (project/heap.py)."""
-    from outbox.workers import outage_watch
+    from core.workers import outage_watch
     from project.heap import tune_garbage_collector
 
     tune_garbage_collector()
@@ -52,9 +52,9 @@ def post_worker_init(worker: object) -> None:
 
 def worker_exit(server: object, worker: object) -> None:
     """A worker exits (in the worker): hand over the routers' wake-ups it still holds, and
-    ship its last second of counts (outbox/metrics.py)."""
+    ship its last second of counts (core/metrics.py)."""
     from bots.services import inbox_router_wakes_flush
-    from outbox.metrics import ship
+    from core.metrics import ship
 
     inbox_router_wakes_flush()
     ship()

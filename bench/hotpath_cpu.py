@@ -23,7 +23,7 @@ each, bench/prefill.py) before the webhook phase, as a deployed bot's do, and ea
 starts after a CHECKPOINT (PostgreSQL makes one every few minutes).
 
 `--timings`: the median wall-clock time of each of a batch's statements (through
-project/rows.py, where the hot path's statements go) and of the Python before each: where a
+core/rows.py, where the hot path's statements go) and of the Python before each: where a
 lone update's 8 ms go, round trip by round trip; and the CPU the PostgreSQL backend spent on
 each.
 
@@ -179,9 +179,9 @@ def measure_router(batches: int) -> tuple[float, float, int, int]:
     spans: dict[tuple[int, int, str], list[float]] = {}
     pg_spent: list[float] = []  # the backend's CPU for each statement measured
     if args.timings:
-        import project.rows
+        import core.rows
 
-        execute = project.rows._execute
+        execute = core.rows._execute
         pg = backend_cpu()
 
         def timed_execute(*a: Any, **kw: Any) -> Any:
@@ -193,7 +193,7 @@ def measure_router(batches: int) -> tuple[float, float, int, int]:
                 ended = time.perf_counter()
                 timed.append((begun, ended, pg() - cpu, " ".join(a[1].split())[:72]))
 
-        project.rows._execute = timed_execute
+        core.rows._execute = timed_execute
     for k in range(batches + 2):
         for n in range(first + k * BATCH, first + (k + 1) * BATCH):
             payload = sbs.update_body(n, n, sbs.chat_for(n), sbs.update_text(n))

@@ -1,5 +1,5 @@
 """The Python CPU of the hot path's rows on the worker's side: each new row (a consumer run,
-a reply, its attempt, an analytics event) built with Model.__init__ and with project/rows.py's
+a reply, its attempt, an analytics event) built with Model.__init__ and with core/rows.py's
 `new`; a reply's row made from an enqueue's arguments, its checks included (outbox/services.py
 `_prepared`); a batch's rows encoded as the JSON of their one insert, by json and by
 `rows._rows_json` (orjson); timestamptz values read through a Django cursor and through the hot path's
@@ -42,8 +42,8 @@ def main() -> None:
     from django.utils import timezone
 
     from bots.models import AnalyticsEvent, ConsumerRun, InboundUpdate
+    from core import rows
     from outbox.models import Attempt, OutboundMessage
-    from project import rows
 
     now = timezone.now()
     update = InboundUpdate(pk=1, bot_id=1, update_id=1, trace_id="0" * 32, received_at=now, next_attempt_at=now)

@@ -1,5 +1,5 @@
 """The hot path's row writes on tables a deployed bot has filled, with random trace ids (as
-before) and with time-ordered ones (project/ids.py, now), taking turns:
+before) and with time-ordered ones (core/ids.py, now), taking turns:
 
     .venv/bin/python bench/trace_ids.py [--rows 1000000] [--batches 100] [--rounds 2]
 
@@ -91,7 +91,7 @@ def main() -> None:
     with c.database_with_bot(DB, "trace-ids", "700005:trace-ids-bench") as bot:
         import psycopg
 
-        from project.ids import random_id, time_ordered_id
+        from core.ids import random_id, time_ordered_id
 
         with psycopg.connect(f"postgresql://postgres@127.0.0.1:5432/{DB}", autocommit=True) as conn:
             cursor = conn.cursor()

@@ -12,7 +12,7 @@ The rules are those of a run in a Celery task (bots/services.py):
 - claimed once, before it starts, by the synchronous caller (the router that wrote it, or a
   `bots.run_consumer` task for a retry or a sweeper's redispatch), holding a slot first, so
   a claimed run never waits for room;
-- its lease renewed by the process's lease keeper (outbox/workers.py) while it is alive;
+- its lease renewed by the process's lease keeper (core/workers.py) while it is alive;
 - its time limit an `asyncio.timeout` around the consumer: a failed, transient attempt;
 - settled by the same function as a task's run (`services.consumer_run_settle_failure`), or
   marked done.
@@ -44,9 +44,10 @@ import httpx
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection
 
-from outbox import botapi, metrics
-from outbox.logs import current_trace_id
-from outbox.workers import lease_keeper, worker_id
+from core import metrics
+from core.logs import current_trace_id
+from core.workers import lease_keeper, worker_id
+from outbox import botapi
 
 if TYPE_CHECKING:
     from bots.models import ConsumerRun
@@ -410,9 +411,9 @@ def start_routed(runs: list[ConsumerRun], *, timeout: float) -> list[ConsumerRun
     consumer's circuit is not plainly closed is left for a task of its own, which checks it.
     Returns the runs not started here, for the caller to dispatch."""
     from bots import services, transitions
+    from core.workers import claim_lease
     from outbox import circuits
     from outbox.models import Circuit
-    from outbox.workers import claim_lease
 
     if not runs:
         return []

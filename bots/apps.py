@@ -10,7 +10,7 @@ class BotsConfig(AppConfig):
         from bots import checks, signals  # noqa: F401 - registers the checks, connects the Celery receivers
         from bots.registry import autodiscover
         from bots.transitions import renew_run_leases
-        from outbox.workers import lease_keeper
+        from core.workers import lease_keeper
 
         lease_keeper.register("run", renew_run_leases)
         from django.conf import settings

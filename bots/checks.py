@@ -1,7 +1,7 @@
 """Start-up checks: every consumer has a time limit above 0.
 
 A run is interrupted at its consumer's time limit (a failed attempt); its lease is short and
-renewed by its live worker meanwhile (outbox/workers.py), so the limit may be as long as the
+renewed by its live worker meanwhile (core/workers.py), so the limit may be as long as the
 work needs. `manage.py` commands (`migrate` in the release phase, `runserver`, `check`)
 refuse to run with an error (Django's system checks), and so does a Celery worker
 (project.failclosed.refuse_to_start_worker runs the same checks).

@@ -18,7 +18,7 @@ from django.utils.module_loading import import_string
 from bots import replies
 from bots.models import AnalyticsEvent
 from bots.registry import AuthError, ConsumerContext, PermanentError, TransientError, consumer
-from project import rows
+from core import rows
 
 
 def answers_at_once(update: Any) -> bool:
@@ -195,7 +195,7 @@ def analytics_event(ctx: ConsumerContext) -> AnalyticsEvent:
 
 
 def analytics_batch(ctxs: list[ConsumerContext]) -> list[str]:
-    """The events of several runs in one statement, committed asynchronously (project/rows.py):
+    """The events of several runs in one statement, committed asynchronously (core/rows.py):
     written before the runs' done mark, it is lost only with that mark, and the runs write it
     again."""
     rows.insert_many_once([analytics_event(ctx) for ctx in ctxs], unique=("update_id",), async_commit=True)

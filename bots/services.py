@@ -20,16 +20,16 @@ from django.utils import timezone
 
 from bots import registry, transitions
 from bots.models import Bot, ConsumerRun, InboundUpdate, RunState
-from outbox import circuits, metrics, wakeups
+from core import metrics, rows, wakeups
+from core.failpoints import failpoint
+from core.ids import time_ordered_id
+from core.logs import current_trace_id
+from core.publishing import publish
+from core.workers import lease_keeper, worker_id
+from outbox import circuits
 from outbox import dispatch as outbox_dispatch
-from outbox.failpoints import failpoint
-from outbox.logs import current_trace_id
 from outbox.models import Circuit, CircuitState, DeadLetter
-from outbox.publishing import publish
 from outbox.sending import single
-from outbox.workers import lease_keeper, worker_id
-from project import rows
-from project.ids import time_ordered_id
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ _MESSAGE_TYPES = (
 
 def new_trace_id() -> str:
     """The id that follows an update through its runs, messages, dead letters and log lines:
-    time-ordered, so the hot tables' trace_id indexes grow at one edge (project/ids.py)."""
+    time-ordered, so the hot tables' trace_id indexes grow at one edge (core/ids.py)."""
     return time_ordered_id()
 
 
@@ -373,7 +373,7 @@ def _router_key(bot_id: int) -> str:
 
 
 def inbox_router_wake(bot_id: int, update_pk: int | None = None) -> bool:
-    """Have a router of this bot run unless one is queued or running (outbox/wakeups.py): a
+    """Have a router of this bot run unless one is queued or running (core/wakeups.py): a
     burst of updates at the webhook publishes one task. Never raises. Without the wake-up
     key (Redis failing) the update gets a routing task of its own; when the
     broker is down too, it stays new in its row and the sweeper dispatches it."""

@@ -8,7 +8,7 @@ from typing import Any
 
 from celery.signals import task_postrun, task_prerun, worker_process_shutdown
 
-from outbox.logs import current_trace_id
+from core.logs import current_trace_id
 
 
 @task_prerun.connect(dispatch_uid="bots.clear_trace_before_task")

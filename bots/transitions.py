@@ -19,7 +19,7 @@ from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from bots.models import Bot, ChatState, ConsumerRun, InboundUpdate, RunState, UpdateState
-from project import rows
+from core import rows
 
 RUN_WAITING = [RunState.PENDING, RunState.RETRY]
 
@@ -81,7 +81,7 @@ def route(updates: list[InboundUpdate], runs: list[ConsumerRun]) -> set[int]:
     those; one round trip, no transaction around it).
     An update another router moved first, or is moving (SKIP LOCKED), is left to it, its runs
     not written here. Returns the ids of the updates routed here; each run written gets its pk.
-    Committed asynchronously (project/rows.py): a routing that PostgreSQL loses in a crash
+    Committed asynchronously (core/rows.py): a routing that PostgreSQL loses in a crash
     leaves the update new, and the sweeper routes it again."""
     if not updates:
         return set()
@@ -148,7 +148,7 @@ def claim_runs(run_ids: list[int], *, worker: str, lease: timedelta) -> dict[int
 
 def renew_run_leases(run_ids: list[int], *, worker: str, lease: timedelta) -> int:
     """running -> running with a fresh lease, for the runs this worker still holds (the lease
-    keeper's tick, outbox/workers.py). Not `updated_at`: a renewal changes nothing of the run."""
+    keeper's tick, core/workers.py). Not `updated_at`: a renewal changes nothing of the run."""
     return ConsumerRun.objects.filter(pk__in=run_ids, state=RunState.RUNNING, lease_owner=worker).update(
         lease_expires_at=timezone.now() + lease
     )
@@ -166,7 +166,7 @@ def mark_run_done(run_id: int, *, worker: str, outcome: str = "") -> bool:
 def mark_runs_done(outcomes: dict[int, str], *, worker: str) -> int:
     """running -> done for the runs this worker holds, each with its outcome ({run id:
     outcome}), in one statement (the router's inline runs); returns how many. Committed
-    asynchronously (project/rows.py): a done mark lost in a crash of PostgreSQL leaves the
+    asynchronously (core/rows.py): a done mark lost in a crash of PostgreSQL leaves the
     run running, and the sweeper runs it again once its lease is over, as after a worker's
     crash (what the run did is in rows its next run finds: its reply's key, its effects)."""
     if not outcomes:
@@ -373,7 +373,7 @@ def note_chat_answered(*, bot_id: int, chat_id: int, message_id: int) -> None:
 def note_chats_answered(*, bot_id: int, answered: list[tuple[int, int]]) -> None:
     """note_chat_answered for several (chat, message) answers of one bot: one statement,
     each chat's row made or moved forward to the newest message answered; committed
-    asynchronously (project/rows.py): it is written before its runs' done mark, so a crash
+    asynchronously (core/rows.py): it is written before its runs' done mark, so a crash
     of PostgreSQL that loses it loses that mark too, and the runs write it again."""
     newest: dict[int, int] = {}
     for chat_id, message_id in answered:

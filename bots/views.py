@@ -16,9 +16,9 @@ from django.views.decorators.csrf import csrf_exempt
 
 from bots.models import Bot
 from bots.services import inbox_update_receive, new_trace_id, webhook_bot
-from outbox import metrics
-from outbox.logs import current_trace_id
-from outbox.payloads import MAX_JSON_DEPTH, json_depth
+from core import metrics
+from core.logs import current_trace_id
+from core.payloads import MAX_JSON_DEPTH, json_depth
 
 logger = logging.getLogger(__name__)
 

@@ -7,11 +7,11 @@ from django.http import HttpRequest
 from django.utils.functional import cached_property
 from django.utils.html import format_html
 
-from outbox.logs import redact
-from outbox.masking import can_view_payload, mask
+from core.ids import int64_or_none
+from core.logs import redact
+from core.masking import can_view_payload, mask
+from core.payloads import pretty_json
 from outbox.models import ApiClient, Attempt, Circuit, Effect, ErrorClass
-from outbox.payloads import pretty_json
-from project.ids import int64_or_none
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):

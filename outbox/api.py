@@ -24,9 +24,11 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from outbox import idempotency, masking, selectors, services
+from core import masking
+from core.ids import int64_or_none
+from core.payloads import MAX_JSON_DEPTH, json_depth
+from outbox import idempotency, selectors, services
 from outbox.models import OutboundMessage
-from outbox.payloads import MAX_JSON_DEPTH, json_depth
 from outbox.serializers import (
     MAX_LIST_PAGE,
     BroadcastCreateSerializer,
@@ -39,7 +41,6 @@ from outbox.serializers import (
     MessageSummarySerializer,
     bot_named,
 )
-from project.ids import int64_or_none
 
 IDEMPOTENCY_HEADER = OpenApiParameter(
     "Idempotency-Key",

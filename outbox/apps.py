@@ -6,9 +6,9 @@ class OutboxConfig(AppConfig):
     verbose_name = "Outbox (delivery)"
 
     def ready(self) -> None:
+        from core.workers import lease_keeper
         from outbox import checks  # noqa: F401 - registers the system checks
         from outbox.effects import renew_effect_leases
         from outbox.sending import probe  # noqa: F401 - schedules a bot's circuit probes, releases its backlog
-        from outbox.workers import lease_keeper
 
         lease_keeper.register("effect", renew_effect_leases)

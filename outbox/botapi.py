@@ -38,7 +38,8 @@ from django.conf import settings
 from telegram import error as tg_error
 from telegram.warnings import PTBUserWarning
 
-from outbox import metrics, policy, telegram_http
+from core import metrics
+from outbox import policy, telegram_http
 from outbox.models import ErrorClass
 
 logger = logging.getLogger(__name__)

@@ -74,7 +74,7 @@ def chat_lock_key(bot_id: int, chat_id: int) -> int:
 
 def write_lock(messages: Iterable[OutboundMessage]) -> tuple[str, list[Any]] | None:
     """The statement that takes the write locks of these messages' chats, to run before their
-    insert in its transaction (project/rows.py `before`), or None when none is ordered."""
+    insert in its transaction (core/rows.py `before`), or None when none is ordered."""
     keys = sorted({chat_lock_key(m.bot_id, m.chat_id) for m in messages if m.ordered and m.chat_id is not None})
     return (_WRITE_LOCK_SQL, [keys]) if keys else None
 

@@ -22,8 +22,8 @@ from django.conf import settings
 from django.db.models import F
 from django.utils import timezone
 
+from core.ids import int64_or_none
 from outbox.models import Circuit, CircuitState
-from project.ids import int64_or_none
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 `dispatch` publishes after the row is committed and never raises: when the broker does not take
 the task, the row stays due and the sweeper dispatches it (`redispatch`). A bot's drain is woken
-through a coalesced wake-up key (outbox/wakeups.py); `kick_chat` hands a chat's next ordered
+through a coalesced wake-up key (core/wakeups.py); `kick_chat` hands a chat's next ordered
 message on. Replies go through the bot's drain on `dovecote`, broadcasts through its broadcast
 drain on `dovecote.bulk`, each with its own key. Why: docs/DESIGN.md."""
 
@@ -16,9 +16,10 @@ from typing import Any
 
 from django.conf import settings
 
-from outbox import policy, selectors, transitions, wakeups
+from core import wakeups
+from core.publishing import publish
+from outbox import policy, selectors, transitions
 from outbox.models import OutboundMessage, State
-from outbox.publishing import publish
 
 
 def dispatch(

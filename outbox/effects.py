@@ -64,20 +64,20 @@ class EffectHandle:
 
 
 def _worker() -> str:
-    from outbox.workers import worker_id
+    from core.workers import worker_id
 
     return worker_id()
 
 
 def _default_lease() -> timedelta:
-    from outbox.workers import claim_lease
+    from core.workers import claim_lease
 
     return claim_lease()
 
 
 def renew_effect_leases(keys: list[str], *, worker: str, lease: timedelta) -> int:
     """started -> started with a fresh lease, for the effects this worker still runs (the
-    lease keeper's tick, outbox/workers.py)."""
+    lease keeper's tick, core/workers.py)."""
     return Effect.objects.filter(key__in=keys, state=EffectState.STARTED, lease_owner=worker).update(
         lease_expires_at=timezone.now() + lease
     )
@@ -231,7 +231,7 @@ def effect(
         if row is None and Effect.objects.filter(key=key, state=EffectState.STARTED).exists():
             raise EffectInProgress(f"effect {key} was taken by another worker")
 
-    from outbox.workers import lease_keeper
+    from core.workers import lease_keeper
 
     # A lease the caller chose is its own to keep; the default one lives as long as the effect.
     keeping = lease_keeper.holding("effect", [key]) if lease is None else nullcontext()

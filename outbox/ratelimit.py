@@ -23,10 +23,10 @@ from limits import parse
 from limits.storage import MemoryStorage, Storage, storage_from_string
 from limits.strategies import MovingWindowRateLimiter
 
+from core import connections
+from core.connections import redis_ssl_options
+from core.ids import random_id
 from outbox import policy
-from project import connections
-from project.connections import redis_ssl_options
-from project.ids import random_id
 
 logger = logging.getLogger(__name__)
 
@@ -52,10 +52,7 @@ def _limiter() -> MovingWindowRateLimiter:
 LIMITER_ERRORS = (redis.RedisError, limits.errors.StorageError)
 
 
-@cache
-def redis_client():
-    """This process's client for Dovecote's own Redis keys (the limiter's, the drain's)."""
-    return connections.redis_client()
+redis_client = connections.shared_redis
 
 
 _local_pauses: dict[int, float] = {}

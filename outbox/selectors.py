@@ -10,10 +10,10 @@ from django.db import connection
 from django.db.models import JSONField, Model
 from django.utils import timezone
 
+from core import rows
 from outbox import chat_order, circuits
 from outbox.models import Circuit, OutboundMessage, State
 from outbox.splitting import MAX_PARTS, part_key
-from project import rows
 
 
 def earlier_open_message_exists(message: OutboundMessage) -> bool:

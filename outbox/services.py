@@ -17,16 +17,16 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from core import rows
+from core.ids import time_ordered_id
+from core.logs import current_trace_id
+from core.payloads import plain
+from core.workers import worker_id
 from outbox import botapi, chat_order, retention, selectors, splitting, transitions
 from outbox import dispatch as outbox_dispatch
 from outbox.dispatch import dispatch, kick_chat
-from outbox.logs import current_trace_id
 from outbox.methods import SUPPORTED_METHODS, ordered_by_default
 from outbox.models import OnAmbiguous, OutboundMessage, State
-from outbox.payloads import plain
-from outbox.workers import worker_id
-from project import rows
-from project.ids import time_ordered_id
 
 logger = logging.getLogger(__name__)
 

@@ -21,12 +21,13 @@ from django.db.models import F
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
-from outbox import chat_order, circuits, metrics, selectors
+from core import metrics
+from core import rows as rows_module
+from outbox import chat_order, circuits, selectors
 from outbox.botapi import CallOutcome
 from outbox.methods import keeps_full_result
 from outbox.models import WAITING_STATES, Attempt, DeadLetter, DeadLetterStatus, ErrorClass, OutboundMessage, State
 from outbox.signals import message_ambiguous, message_dead_lettered, message_delivered_late
-from project import rows as rows_module
 
 WAITING = list(WAITING_STATES)
 
@@ -78,7 +79,7 @@ def claim_batch(
     in one statement, skipping rows another worker holds (SKIP LOCKED), ordered messages with an
     earlier one open in their chat, and everything while the bot's circuit is not closed.
     `bulk`: the broadcast lane only (else none of it). `due_since`: only messages due since then.
-    `ids`: only those. Committed asynchronously (project/rows.py): the attempt row's commit, before
+    `ids`: only those. Committed asynchronously (core/rows.py): the attempt row's commit, before
     any request, waits for the disk and so for this claim too."""
 
     now = timezone.now()

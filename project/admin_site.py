@@ -23,7 +23,7 @@ from django.db.models import Model
 from django.http import Http404, HttpRequest, HttpResponse
 from django.urls import URLPattern, URLResolver, path
 
-from project.ids import int64_or_none
+from core.ids import int64_or_none
 
 
 def _holds_nul(request: HttpRequest, kwargs: dict[str, Any]) -> bool:

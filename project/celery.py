@@ -52,9 +52,9 @@ def tune_gc(**kwargs: Any) -> None:
 @worker_process_init.connect(dispatch_uid="project.watch_outages_in_child")
 def watch_outages(**kwargs: Any) -> None:
     """A worker process resumes the work an outage of PostgreSQL or Redis cut off as soon as
-    both answer again (outbox/workers.py OutageWatch, reconciliation/resume.py), and once
+    both answer again (core/workers.py OutageWatch, reconciliation/resume.py), and once
     as it starts."""
-    from outbox.workers import outage_watch
+    from core.workers import outage_watch
 
     outage_watch.start(watch_redis=True)
     # A worker that starts (after a crash, a deploy) does not know what its predecessor's
@@ -72,7 +72,7 @@ def note_outage(exception: BaseException | None = None, **kwargs: Any) -> None:
     from kombu.exceptions import OperationalError as BrokerError
 
     if isinstance(exception, OperationalError | InterfaceError | redis.RedisError | BrokerError):
-        from outbox.workers import outage_watch
+        from core.workers import outage_watch
 
         outage_watch.note(f"{type(exception).__name__} in a task")
 
@@ -80,7 +80,7 @@ def note_outage(exception: BaseException | None = None, **kwargs: Any) -> None:
 @worker_process_shutdown.connect(dispatch_uid="project.metrics_ship")
 def metrics_ship(**kwargs: Any) -> None:
     """A prefork child exits (without running atexit): ship its last second of counts."""
-    from outbox.metrics import ship
+    from core.metrics import ship
 
     ship()
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 # The parts of an event or breadcrumb that carry what the code said or was given (an error's
-# text, a log line, a URL): masked as the logs are (outbox/logs.py). Ids and timestamps are not.
+# text, a log line, a URL): masked as the logs are (core/logs.py). Ids and timestamps are not.
 _FREE_TEXT = ("message", "logentry", "exception", "breadcrumbs", "request", "extra", "data")
 
 
 def _masked(event: Any, hint: Any = None) -> Any:
-    from outbox.logs import _mask_values
+    from core.logs import _mask_values
 
     for key in _FREE_TEXT:
         if key in event:

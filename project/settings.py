@@ -11,7 +11,7 @@ from pathlib import Path
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
-from project.connections import broker_kind, database_url_problem, redacted, redis_ssl_options, redis_url_problem
+from core.connections import broker_kind, database_url_problem, redacted, redis_ssl_options, redis_url_problem
 from project.sentry import init_sentry
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -152,7 +152,7 @@ DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DATABASES["default"].setdefault("OPTIONS", {}).setdefault(
     "connect_timeout", env.int("DATABASE_CONNECT_TIMEOUT", default=5)
 )
-# Prepared statements, for the hot paths' fixed statements only (project/rows.py: each
+# Prepared statements, for the hot paths' fixed statements only (core/rows.py: each
 # asks for it, and is planned once per connection instead of on every run). Django's own
 # statements are bound client-side, which psycopg never prepares; a threshold this high
 # keeps psycopg from preparing anything else by count.
@@ -161,7 +161,7 @@ DATABASES["default"]["OPTIONS"].setdefault("prepare_threshold", 2**31 - 1)
 # Behind PgBouncer in transaction pooling mode (Heroku's and most managed poolers), a client's
 # consecutive transactions may run on different server connections, so nothing may rely on
 # session state: no WITH HOLD cursors (Django's .iterator() outside a transaction), no
-# server-side prepared statements (psycopg's prepare_threshold None: project/rows.py's
+# server-side prepared statements (psycopg's prepare_threshold None: core/rows.py's
 # statements then go unprepared, with their parameters still bound server-side in an unnamed
 # statement, which PgBouncer passes), no server-side binding for Django's own statements.
 # Dovecote itself takes no session locks (the sweeper uses a lease row) and there sets nothing
@@ -301,7 +301,7 @@ DOVECOTE_INLINE_WORK = env.bool("DOVECOTE_INLINE_WORK", default=True)
 DOVECOTE_ROUTER_LINGER_SECONDS = env.float("DOVECOTE_ROUTER_LINGER_SECONDS", default=1.0)
 DOVECOTE_SEND_LEASE_SECONDS = env.int("DOVECOTE_SEND_LEASE_SECONDS", default=60)
 # A consumer run's (and an effect's) claim: its live worker renews it every third of this
-# (outbox/workers.py), so a dead worker's runs are taken over within it.
+# (core/workers.py), so a dead worker's runs are taken over within it.
 DOVECOTE_CONSUMER_LEASE_SECONDS = env.int("DOVECOTE_CONSUMER_LEASE_SECONDS", default=15)
 # A consumer run is interrupted after this (Celery's soft time limit; a consumer's own `timeout`
 # overrides it) and that counts as a failed attempt; a worker still stuck a grace later is ended.
@@ -460,12 +460,12 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "filters": {
-        "mask": {"()": "outbox.logs.MaskSecretsFilter"},
-        "trace": {"()": "outbox.logs.TraceIdFilter"},
+        "mask": {"()": "core.logs.MaskSecretsFilter"},
+        "trace": {"()": "core.logs.TraceIdFilter"},
     },
     "formatters": {
         "json": {
-            "()": "outbox.logs.MaskingJsonFormatter",
+            "()": "core.logs.MaskingJsonFormatter",
             "fmt": "%(asctime)s %(levelname)s %(name)s %(message)s %(trace_id)s",
             "rename_fields": {"asctime": "time", "levelname": "level", "name": "logger"},
         },

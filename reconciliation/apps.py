@@ -7,7 +7,7 @@ class ReconciliationConfig(AppConfig):
 
     def ready(self) -> None:
         # Connects the signal receivers; registers the bulk-queue tasks (autodiscover finds only `tasks`).
-        from outbox.workers import outage_watch
+        from core.workers import outage_watch
         from reconciliation import receivers, triage_tasks  # noqa: F401
         from reconciliation.resume import resume
 

@@ -10,9 +10,9 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 
 from bots.models import Bot
+from core.ids import int64_or_none
 from outbox.circuits import parse_scope
 from outbox.models import Circuit
-from project.ids import int64_or_none
 from reconciliation import triage
 from reconciliation.admin.confirm import confirm_page
 from reconciliation.admin.forms import ReasonForm

@@ -21,7 +21,7 @@ from django.db.models import Count
 from django.dispatch import receiver
 from django.utils.module_loading import import_string
 
-from outbox import ratelimit
+from core import connections
 from outbox.circuits import bot_scope
 from outbox.models import Circuit, CircuitState, DeadLetter
 from reconciliation.models import ReconciliationCase
@@ -140,7 +140,7 @@ def _stream(kind: str, bot_id: int | None) -> tuple[str, ...]:
 
 
 def _since(stream: tuple[str, ...], now: datetime) -> datetime:
-    value = ratelimit.redis_client().get(_key(*stream, "since"))
+    value = connections.shared_redis().get(_key(*stream, "since"))
     if value is None:
         return now - timedelta(minutes=window_minutes())
     return datetime.fromtimestamp(float(value), tz=UTC)
@@ -164,12 +164,12 @@ def _claim(kind: str, bot_id: int | None, now: datetime) -> int | None:
     """The claimed digest's second, or None while the stream's previous digest is too recent."""
     stamp = int(now.timestamp())
     seconds = window_minutes() * 60
-    claimed = ratelimit.redis_client().eval(_CLAIM_LUA, 1, claim_key(kind, bot_id), stamp, seconds, seconds * 2)
+    claimed = connections.shared_redis().eval(_CLAIM_LUA, 1, claim_key(kind, bot_id), stamp, seconds, seconds * 2)
     return stamp if claimed else None
 
 
 def _advance(stream: tuple[str, ...], until: datetime) -> None:
-    ratelimit.redis_client().set(_key(*stream, "since"), until.timestamp())
+    connections.shared_redis().set(_key(*stream, "since"), until.timestamp())
 
 
 # --- sending ----------------------------------------------------------------------------

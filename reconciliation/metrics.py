@@ -2,7 +2,7 @@
 queries: each reads only waiting or open rows (partial indexes, or the state index), never
 the finished history, so a scrape costs the same at 1 M outbox rows as at 100
 (bench/metrics_scrape.py, docs/PERFORMANCE.md). What happened (sends, retries, dead letters)
-is counted as it happens, in outbox/metrics.py."""
+is counted as it happens, in core/metrics.py."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from django.dispatch import receiver
 
-from outbox import metrics
+from core import metrics
 from outbox.models import Effect, OutboundMessage
 from outbox.signals import effect_ambiguous, message_ambiguous, message_delivered_late
 from reconciliation import transitions

@@ -1,4 +1,4 @@
-"""Resuming after PostgreSQL or Redis came back (outbox/workers.py OutageWatch calls `resume`).
+"""Resuming after PostgreSQL or Redis came back (core/workers.py OutageWatch calls `resume`).
 
 Without it, the work an outage cut off waited for the sweeper: a run whose task failed
 mid-way stayed `running` until its lease ran out, a send it had claimed until the send's
@@ -31,11 +31,12 @@ from django.utils import timezone
 from bots import services as bot_services
 from bots import transitions as bot_transitions
 from bots.models import ConsumerRun, InboundUpdate, RunState, UpdateState
-from outbox import circuits, dispatch, ratelimit, wakeups
+from core import connections, wakeups
+from core.workers import lease_keeper, worker_id
+from outbox import circuits, dispatch
 from outbox import transitions as outbox_transitions
 from outbox.models import Circuit, CircuitState, OutboundMessage, State
 from outbox.sending import probe
-from outbox.workers import lease_keeper, worker_id
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ def own_claims(before: datetime) -> dict[str, int]:
 def _first_to_resume() -> bool:
     try:
         key = f"{settings.DOVECOTE_REDIS_PREFIX}dovecote:resume"
-        return bool(ratelimit.redis_client().set(key, b"1", nx=True, px=ONCE_MS))
+        return bool(connections.shared_redis().set(key, b"1", nx=True, px=ONCE_MS))
     except redis.RedisError:
         return True  # Redis went again: better twice than not at all
 

@@ -120,7 +120,7 @@ def _redis_key() -> str:
 
 
 def _redis() -> Any:
-    from project.connections import redis_client
+    from core.connections import redis_client
 
     return redis_client()
 

@@ -7,8 +7,8 @@ from typing import Any
 from django.db.models import Q
 
 from bots.models import ConsumerRun, InboundUpdate
-from outbox.logs import redact
-from outbox.masking import can_view_payload, for_user, mask
+from core.logs import redact
+from core.masking import can_view_payload, for_user, mask
 from outbox.models import Attempt, DeadLetter, Effect, OutboundMessage
 from reconciliation.models import AuditEntry, PayloadVersion, ReconciliationCase
 

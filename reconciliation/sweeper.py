@@ -29,7 +29,8 @@ from bots import registry
 from bots import services as bot_services
 from bots import transitions as bot_transitions
 from bots.models import Bot, ConsumerRun, InboundUpdate, RunState, UpdateState
-from outbox import chat_order, circuits, dispatch, metrics, policy, ratelimit
+from core import connections, metrics
+from outbox import chat_order, circuits, dispatch, policy
 from outbox import transitions as outbox_transitions
 from outbox.models import Circuit, CircuitState, ErrorClass, OnAmbiguous, OutboundMessage, State
 from outbox.sending import probe
@@ -302,7 +303,7 @@ def _record_last_run(finished: datetime) -> None:
     import redis
 
     try:
-        ratelimit.redis_client().set(_sweeper_key(), finished.timestamp())
+        connections.shared_redis().set(_sweeper_key(), finished.timestamp())
     except redis.RedisError as exc:
         logger.warning("could not record the sweep's time: %s", exc)
 
@@ -314,7 +315,7 @@ def sweeper_last_run() -> datetime | None:
     import redis
 
     try:
-        value = ratelimit.redis_client().get(_sweeper_key())
+        value = connections.shared_redis().get(_sweeper_key())
     except redis.RedisError:
         return None
     return None if value is None else datetime.fromtimestamp(float(value), tz=UTC)

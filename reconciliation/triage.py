@@ -25,11 +25,11 @@ from bots import registry
 from bots import services as bot_services
 from bots import transitions as bot_transitions
 from bots.models import ConsumerRun, RunState
+from core.publishing import publish
 from outbox import circuits
 from outbox import services as outbox_services
 from outbox import transitions as outbox_transitions
 from outbox.models import DeadLetter, DeadLetterStatus, Effect, EffectState, OutboundMessage, State
-from outbox.publishing import publish
 from reconciliation import transitions as reconciliation_transitions
 from reconciliation.models import BulkRetry, BulkState, PayloadVersion
 from reconciliation.services import audit_record

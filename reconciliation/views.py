@@ -11,8 +11,8 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from outbox.metrics import exposition
-from project import connections
+from core import connections
+from core.metrics import exposition
 from reconciliation.metrics import StateCollector
 from reconciliation.sweeper import sweeper_last_run
 
@@ -67,7 +67,7 @@ def _metrics_refused(request: HttpRequest) -> HttpResponse | None:
 
 def metrics(request: HttpRequest) -> HttpResponse:
     """Prometheus text format: the counters and histograms every process shipped to Redis
-    (outbox/metrics.py), plus the current-state gauges
+    (core/metrics.py), plus the current-state gauges
     (reconciliation/metrics.py), read with a fixed number of queries."""
     refused = _metrics_refused(request)
     if refused is not None:

@@ -17,7 +17,8 @@ from bots.models import Bot
 from bots.sandbox.client import SandboxClient
 from bots.sandbox.server import SandboxServer
 from bots.services import inbox_router_wakes_flush
-from outbox import publishing, ratelimit
+from core import publishing
+from outbox import ratelimit
 from tests.support import Process, base_env, point_celery_at, require_tool, start_web, start_worker
 
 _bot_numbers = itertools.count(1)

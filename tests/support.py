@@ -217,7 +217,7 @@ def point_celery_at(url: str, *, transport_options: dict | None = None, default_
     closed pool ("Acquire on closed pool") and every later test's publishes fail."""
     from kombu import pools
 
-    from outbox import publishing
+    from core import publishing
     from project.celery import app
 
     app.conf.broker_url = url

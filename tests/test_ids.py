@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import time
 
-from project.ids import random_id, time_ordered_id
+from core.ids import random_id, time_ordered_id
 
 HEX32 = re.compile(r"[0-9a-f]{32}")
 

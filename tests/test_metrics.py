@@ -19,7 +19,7 @@ from prometheus_client import REGISTRY
 
 from bots import services as bot_services
 from bots.models import Bot, ConsumerRun, InboundUpdate
-from outbox import metrics
+from core import metrics
 from outbox.models import OutboundMessage, State
 from outbox.sending.single import outbound_message_send
 from outbox.services import outbound_message_enqueue
@@ -176,7 +176,7 @@ def test_counts_of_another_process_reach_this_ones_metrics_through_redis_once(bo
         """
         import os, django
         django.setup()
-        from outbox import metrics
+        from core import metrics
         letters = metrics.DEAD_LETTERS.labels(kind="consumer_run", reason="expired")
         letters.inc(2)
         pid = os.fork()
@@ -203,7 +203,7 @@ def test_a_forked_child_ships_under_its_own_sequence_and_the_parent_goes_on_with
         """
         import os, django
         django.setup()
-        from outbox import metrics
+        from core import metrics
         letters = metrics.DEAD_LETTERS.labels(kind="consumer_run", reason="expired")
         letters.inc(2)
         assert metrics.ship()
@@ -226,7 +226,7 @@ def test_a_forked_child_ships_under_its_own_sequence_and_the_parent_goes_on_with
 
 def test_a_process_sequence_entry_expires_and_the_process_still_ships_after(bot, monkeypatch) -> None:
     """Processes come and go: each one's last sequence is kept in Redis for a while only."""
-    from project.connections import redis_client
+    from core.connections import redis_client
 
     monkeypatch.setattr(metrics, "SEQUENCE_SECONDS", 1)
     metrics.DEAD_LETTERS.labels(kind="consumer_run", reason="expired").inc()
@@ -318,7 +318,7 @@ def lost_replies() -> Iterator[LostReplies]:
 
 def _shared_total() -> float:
     """LETTERS's total in the shared hash, read straight from Redis (no shipment)."""
-    from project.connections import redis_client
+    from core.connections import redis_client
 
     field = metrics._field("dovecote_dead_letters", "dovecote_dead_letters_total", LETTERS_LABELS)
     return float(redis_client().hget(metrics._shared_key(), field) or 0)
@@ -327,7 +327,7 @@ def _shared_total() -> float:
 def test_a_shipment_applied_by_redis_whose_reply_was_lost_counts_once(lost_replies: LostReplies) -> None:
     """Redis adds the shipment but its reply misses the client's timeout: the shipper keeps
     the counts and ships them again, and Redis must not add them twice (a false alert)."""
-    from project.connections import redis_client
+    from core.connections import redis_client
 
     metrics.SHIPPER.client = redis_client(lost_replies.url, timeout=0.5)
     # A first shipment through the proxy, with its replies: what Redis learns once (the

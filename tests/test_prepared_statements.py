@@ -1,4 +1,4 @@
-"""The hot paths' fixed statements (project/rows.py: fetch, execute, the inserts) are prepared
+"""The hot paths' fixed statements (core/rows.py: fetch, execute, the inserts) are prepared
 once per connection on a direct connection, and never behind a transaction pooler."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""project/rows.py's insert of a row given as values (the webhook's one statement), and its
+"""core/rows.py's insert of a row given as values (the webhook's one statement), and its
 statements committed asynchronously, against a PostgreSQL the tests crash."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from django.db import DataError, connection, transaction
 from django.utils import timezone
 
 from bots.models import AnalyticsEvent, ConsumerRun, InboundUpdate, RunState, UpdateState
+from core import rows
 from outbox import transitions
 from outbox.models import Attempt, OutboundMessage, State
-from project import rows
 from tests.conftest import make_bot
 from tests.private_postgres import PrivatePostgres, django_connection_at, remove_clusters_of_dead_runs
 

@@ -1,6 +1,6 @@
 from django.db import migrations, models
 
-from project.migration_operations import AddIndexConcurrentlyOnPostgres
+from core.migration_operations import AddIndexConcurrentlyOnPostgres
 
 
 class Migration(migrations.Migration):

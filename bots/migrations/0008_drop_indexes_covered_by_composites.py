@@ -9,7 +9,7 @@ drop and re-add each constraint and re-check every row of a large table."""
 import django.db.models.deletion
 from django.db import migrations, models
 
-from project.migration_operations import drop_indexes_concurrently
+from core.migration_operations import drop_indexes_concurrently
 
 # (table, column, index) as Django named them when the foreign keys were created.
 INDEXES = [

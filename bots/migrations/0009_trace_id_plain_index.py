@@ -5,7 +5,7 @@ a `varchar_pattern_ops` twin on PostgreSQL, for LIKE 'prefix%' lookups, which no
 
 from django.db import migrations, models
 
-from project.migration_operations import plain_index_only
+from core.migration_operations import plain_index_only
 
 # (table, column, the index db_index made, its name as a Meta index)
 INDEXES = [

@@ -42,9 +42,9 @@ from telegram.request import RequestData
 from bots.models import Bot, InboundUpdate
 from bots.ptb.models import CallKind, HandlerCall
 from bots.ptb.persistence import Snapshot
+from core.failpoints import failpoint
 from outbox import botapi, effects
 from outbox import dispatch as outbox_dispatch
-from outbox.failpoints import failpoint
 from outbox.methods import FULL_RESULT_KEY_PREFIX, SUPPORTED_METHODS
 from outbox.models import ErrorClass, OutboundMessage, State
 from outbox.sending import single

@@ -20,8 +20,8 @@ from bots.ptb import calls, persistence
 from bots.ptb.app import JobQueueUnavailable, load_application
 from bots.ptb.loop import run_coroutine
 from bots.registry import ConsumerContext, Defer, PermanentError, TransientError
-from outbox.failpoints import failpoint
-from outbox.workers import worker_id
+from core.failpoints import failpoint
+from core.workers import worker_id
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ serves, dropped as bots.0008 drops the inbox's (the constraints stay)."""
 import django.db.models.deletion
 from django.db import migrations, models
 
-from project.migration_operations import drop_indexes_concurrently
+from core.migration_operations import drop_indexes_concurrently
 
 # (table, column, index) as Django named them when the foreign keys were created.
 INDEXES = [

@@ -3,7 +3,7 @@ inbox's: no `varchar_pattern_ops` twin for every write to pay for."""
 
 from django.db import migrations, models
 
-from project.migration_operations import plain_index_only
+from core.migration_operations import plain_index_only
 
 INDEXES = [
     ("outbox_outboundmessage", "trace_id", "outbox_outboundmessage_trace_id_749bff3c", "outbox_trace_idx"),

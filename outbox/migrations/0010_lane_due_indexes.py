@@ -3,7 +3,7 @@ claim) and the broadcasts' (the broadcast drain's claim, the sweeper's look for 
 
 from django.db import migrations, models
 
-from project.migration_operations import AddIndexConcurrentlyOnPostgres
+from core.migration_operations import AddIndexConcurrentlyOnPostgres
 
 
 class Migration(migrations.Migration):

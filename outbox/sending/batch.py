@@ -21,7 +21,11 @@ from datetime import timedelta
 from django.conf import settings
 from django.utils import timezone
 
-from outbox import botapi, circuits, policy, ratelimit, selectors, transitions, wakeups
+from core import wakeups
+from core.failpoints import failpoint, uncommitted
+from core.logs import current_trace_id
+from core.workers import worker_id
+from outbox import botapi, circuits, policy, ratelimit, selectors, transitions
 from outbox.dispatch import (
     bulk_drain_key,
     continue_bulk_drain,
@@ -32,12 +36,9 @@ from outbox.dispatch import (
     fan_out_drain,
     wake_bulk_drain,
 )
-from outbox.failpoints import failpoint, uncommitted
-from outbox.logs import current_trace_id
 from outbox.models import Attempt, CircuitState, ErrorClass, OutboundMessage
 from outbox.sending.late import late_answers
 from outbox.sending.rules import cancel_reason, limited_chat_id, record_outcome, with_outcome_write_retries
-from outbox.workers import worker_id
 
 logger = logging.getLogger(__name__)
 

@@ -22,9 +22,10 @@ from collections.abc import Callable
 from django.db import transaction
 from django.utils import timezone
 
-from outbox import botapi, circuits, dispatch, policy, transitions, wakeups
+from core import wakeups
+from core.publishing import publish
+from outbox import botapi, circuits, dispatch, policy, transitions
 from outbox.models import Circuit, CircuitState
-from outbox.publishing import publish
 
 logger = logging.getLogger(__name__)
 

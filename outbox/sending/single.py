@@ -11,10 +11,11 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
+from core.failpoints import failpoint, uncommitted
+from core.logs import current_trace_id
+from core.workers import worker_id
 from outbox import botapi, circuits, ratelimit, selectors, transitions
 from outbox.dispatch import Held, dispatch, drain_enabled, kick_chat
-from outbox.failpoints import failpoint, uncommitted
-from outbox.logs import current_trace_id
 from outbox.models import ErrorClass, OutboundMessage, State
 from outbox.sending.rules import (
     EXPIRED_REASON,
@@ -24,7 +25,6 @@ from outbox.sending.rules import (
     record_outcome,
     with_outcome_write_retries,
 )
-from outbox.workers import worker_id
 
 logger = logging.getLogger(__name__)
 

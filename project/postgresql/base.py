@@ -20,7 +20,7 @@ class DatabaseWrapper(base.DatabaseWrapper):
         commit = super()._configure_connection(connection)
         if self.settings_dict["OPTIONS"].get("prepare_threshold") is None:
             return commit  # nothing is prepared (behind a transaction pooler): nothing to set
-        # The hot paths' prepared statements (project/rows.py) are written for one plan of
+        # The hot paths' prepared statements (core/rows.py) are written for one plan of
         # any parameters (states in their text, ids as arrays): left to choose, PostgreSQL
         # kept planning the routing statement afresh on every run (docs/PERFORMANCE.md).
         with connection.cursor() as cursor:  # type: ignore[attr-defined]

@@ -11,7 +11,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.urls import path, reverse
 
-from outbox.masking import for_user
+from core.masking import for_user
 from reconciliation import services
 from reconciliation.admin.confirm import confirm_page
 from reconciliation.admin.forms import MarkDeliveredForm, ReasonForm

@@ -8,8 +8,8 @@ from typing import Any
 from django import forms
 
 from bots.models import Bot
+from core.payloads import MAX_JSON_DEPTH, json_depth
 from outbox.models import DeadLetter, ErrorClass
-from outbox.payloads import MAX_JSON_DEPTH, json_depth
 
 
 class ReasonForm(forms.Form):

@@ -20,11 +20,11 @@ from django.urls import path, reverse
 
 from bots.admin import BotAdmin, InboundUpdateAdmin
 from bots.models import Bot, InboundUpdate
+from core.ids import int64_or_none
 from outbox import services as outbox_services
 from outbox.admin import OutboundMessageAdmin
 from outbox.circuits import bot_scope
 from outbox.models import OutboundMessage, State
-from project.ids import int64_or_none
 from reconciliation import services
 from reconciliation.admin.confirm import confirm_page
 from reconciliation.admin.forms import ReasonForm

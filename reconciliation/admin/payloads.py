@@ -9,9 +9,9 @@ from django.contrib import admin
 from django.http import HttpRequest
 from django.utils.html import format_html
 
+from core.masking import can_view_payload, shown
+from core.payloads import pretty_json
 from outbox.admin import ReadOnlyAdmin
-from outbox.masking import can_view_payload, shown
-from outbox.payloads import pretty_json
 from reconciliation.models import PayloadVersion
 
 

@@ -5,7 +5,7 @@ from typing import Any
 
 from django import template
 
-from outbox.payloads import pretty_json as _pretty_json
+from core.payloads import pretty_json as _pretty_json
 
 register = template.Library()
 

@@ -515,7 +515,7 @@ def test_the_same_key_twice_in_one_batch_written_claimed_is_one_message_sent_onc
 
 def test_an_echo_waits_for_the_disk_only_at_its_attempt_row_and_its_sent_mark(bot_factory, sandbox) -> None:
     """The routing, the reply's row, the claims, the guard, the event and the done marks
-    commit asynchronously (project/rows.py); the attempt row, whose commit comes before any
+    commit asynchronously (core/rows.py); the attempt row, whose commit comes before any
     request and carries every earlier write to the disk with it, and the sent mark do not."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext

@@ -14,7 +14,7 @@ from django.db import connection
 
 from bots import registry, services
 from bots.models import ConsumerRun, InboundUpdate, UpdateState
-from outbox.publishing import publish
+from core.publishing import publish
 from tests.bots.fakes import message_update
 from tests.bots.test_routing import forget_queued_tasks, queued_tasks, store, store_at_the_webhook
 from tests.outbox.helpers import limiter_redis_at

@@ -16,7 +16,7 @@ from django.db import connection, transaction
 
 from bots import services
 from bots.models import ConsumerRun, InboundUpdate, RunState, UpdateState
-from outbox import wakeups
+from core import wakeups
 from outbox.models import OutboundMessage, State
 from reconciliation.sweeper import sweep
 from tests.bots.fakes import message_update

@@ -74,7 +74,7 @@ def test_a_consumer_whose_timeout_is_not_above_zero_fails_the_system_check() -> 
 
 
 def test_a_consumer_timeout_longer_than_the_lease_passes_the_system_check() -> None:
-    # The lease is renewed by the run's live worker (outbox/workers.py): no relation to hold.
+    # The lease is renewed by the run's live worker (core/workers.py): no relation to hold.
     @registry.consumer("patient", timeout=600)
     def patient(ctx: registry.ConsumerContext) -> None:
         return None

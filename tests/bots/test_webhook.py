@@ -64,7 +64,7 @@ def test_it_stores_an_update_and_answers_200(client: Client, bot) -> None:
 
 
 def test_trace_ids_sort_in_the_order_the_updates_came(client: Client, bot) -> None:
-    # Time-ordered (project/ids.py): the trace_id indexes of the hot tables grow at one edge,
+    # Time-ordered (core/ids.py): the trace_id indexes of the hot tables grow at one edge,
     # and an operator's list sorted by trace id is in the order the updates came.
     for update_id in range(1, 4):
         assert post(client, bot, message_update(update_id)).status_code == 200

@@ -42,7 +42,8 @@ from django.utils import timezone
 
 from bots.models import ConsumerRun, InboundUpdate, RunState, UpdateState
 from bots.sandbox.server import SandboxServer
-from outbox import publishing, ratelimit, wakeups
+from core import publishing, wakeups
+from outbox import ratelimit
 from outbox.models import Attempt, Circuit, CircuitState, DeadLetter, OnAmbiguous, OutboundMessage, State
 from outbox.services import outbound_message_cancel, outbound_message_enqueue
 from reconciliation.models import CaseStatus, ReconciliationCase

@@ -1,6 +1,6 @@
 """Seed 004's four restart points, one worker death each, with real processes: a Celery
 worker (``-P solo``, so its SIGKILL takes the whole worker down) kills itself at a named
-failpoint (DOVECOTE_FAILPOINTS, outbox/failpoints.py); a fresh worker and the sweeper
+failpoint (DOVECOTE_FAILPOINTS, core/failpoints.py); a fresh worker and the sweeper
 (in-process, as beat would run it) then recover. For each point the seed asks to measure:
 the messages in the channel (the sandbox), the local state, the attempts, and that the
 idempotency key never changed.

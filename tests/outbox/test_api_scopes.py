@@ -11,7 +11,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from rest_framework.test import APIClient
 
-from outbox.masking import MASK
+from core.masking import MASK
 from outbox.models import ApiClient, OutboundMessage, State
 from tests.outbox.helpers import api_client
 

@@ -13,7 +13,8 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
-from outbox import circuits, dispatch, services, transitions, wakeups
+from core import wakeups
+from outbox import circuits, dispatch, services, transitions
 from outbox.models import Attempt, Circuit, CircuitState, DeadLetter, ErrorClass, OutboundMessage, State
 from outbox.sending import batch
 from reconciliation.sweeper import sweep

@@ -14,7 +14,8 @@ from django.conf import settings
 from django.test import override_settings
 from django.utils import timezone
 
-from outbox import services, wakeups
+from core import wakeups
+from outbox import services
 from outbox.models import DeadLetter, ErrorClass, OutboundMessage, State
 from outbox.sending import batch
 from reconciliation.sweeper import sweep

@@ -11,9 +11,9 @@ import pytest
 from django.test import override_settings
 
 from bots.services import inbox_update_store, inbox_updates_route
+from core import connections
 from outbox import ratelimit
 from outbox.models import OutboundMessage, State
-from project import connections
 from tests.bots.fakes import message_update
 
 pytestmark = pytest.mark.django_db
@@ -159,7 +159,7 @@ def explode_on_boom(message: OutboundMessage) -> str:
 
 @override_settings(DOVECOTE_RELEVANCE_CHECK="tests.outbox.test_limiter_turns.explode_on_boom")
 def test_an_inline_send_that_fails_hands_what_it_had_not_claimed_to_the_drain_not_the_sweeper(bot, sandbox) -> None:
-    from outbox import wakeups
+    from core import wakeups
     from outbox.dispatch import drain_key
     from outbox.sending import batch, single
     from outbox.services import outbound_message_enqueue

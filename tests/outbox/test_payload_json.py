@@ -1,4 +1,4 @@
-"""A payload is JSON, whichever way a message is written: the hot path's rows (project/rows.py:
+"""A payload is JSON, whichever way a message is written: the hot path's rows (core/rows.py:
 one INSERT, or orjson's batch, written claimed or not) and the ORM's (a split text, a
 broadcast) refuse the same values with the same MessageRejected, and store the rest alike.
 Found from outside: a datetime went in as text through the batch and was a TypeError on the

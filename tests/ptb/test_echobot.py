@@ -1,6 +1,6 @@
 """Acceptance 1: python-telegram-bot's echobot.py, unmodified but for its import line, run as
 a Dovecote consumer (serial="chat") by a real Celery worker that SIGKILLs itself at one
-crash point (DOVECOTE_FAILPOINTS, outbox/failpoints.py); a fresh worker and the sweeper (run
+crash point (DOVECOTE_FAILPOINTS, core/failpoints.py); a fresh worker and the sweeper (run
 here, as beat would) finish the work. 5 chats x 20 messages: each chat gets exactly one echo
 per message, in order.
 

@@ -14,7 +14,8 @@ from django.db import connections
 from django.test import override_settings
 from django.utils import timezone
 
-from outbox import circuits, wakeups
+from core import wakeups
+from outbox import circuits
 from outbox.models import Circuit, CircuitState, OutboundMessage, State
 from outbox.sending import probe
 from outbox.sending.single import outbound_message_send

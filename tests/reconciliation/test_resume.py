@@ -11,8 +11,8 @@ from django.conf import settings
 from django.utils import timezone
 
 from bots.models import ConsumerRun, RunState
+from core.workers import lease_keeper, worker_id
 from outbox.models import OutboundMessage, State
-from outbox.workers import lease_keeper, worker_id
 from reconciliation import resume
 from reconciliation.models import CaseStatus, ReconciliationCase
 from tests.conftest import _delete_run_keys

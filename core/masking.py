@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from outbox.payloads import clip
+from core.payloads import clip
 
 PAYLOAD_PERMISSION = "reconciliation.view_payload"
 MASK = "••• masked •••"

@@ -41,7 +41,7 @@ def publish(
         with _lock:
             first = time.monotonic() >= _skip_until
             _skip_until = time.monotonic() + BROKER_DOWN_BACKOFF_SECONDS
-        from outbox.workers import outage_watch
+        from core.workers import outage_watch
 
         outage_watch.note("a publish failed")  # resumed once the broker is back
         if first:

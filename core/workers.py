@@ -195,10 +195,10 @@ class OutageWatch:
     def _check_epoch(self) -> None:
         import redis
 
-        from outbox import ratelimit
+        from core import connections
 
         try:
-            if ratelimit.redis_client().set(epoch_key(), b"1", nx=True):
+            if connections.shared_redis().set(epoch_key(), b"1", nx=True):
                 self.note("Redis lost its keys")
         except redis.RedisError:
             self.note("Redis unreachable")
@@ -210,7 +210,7 @@ class OutageWatch:
             return False
         with self._lock:
             self._since = None
-        from outbox import publishing
+        from core import publishing
 
         publishing.reset()  # publish at once, not after the broker-down backoff
         try:
@@ -236,10 +236,10 @@ def _both_answer() -> bool:
     import redis
     from django.db import DatabaseError, connection
 
-    from outbox import ratelimit
+    from core import connections
 
     try:
-        ratelimit.redis_client().set(epoch_key(), b"1")
+        connections.shared_redis().set(epoch_key(), b"1")
     except redis.RedisError:
         return False
     try:

@@ -20,7 +20,7 @@ from functools import cache
 import redis
 from django.conf import settings
 
-from outbox import ratelimit
+from core import connections
 
 logger = logging.getLogger(__name__)
 
@@ -52,8 +52,8 @@ def take(name: str, *, countdown: float = 0.0, nudge: bool = False) -> bool | No
     trip, push a nudge for a task lingering with the key (a task just published ignores it)."""
     try:
         if not nudge:
-            return bool(ratelimit.redis_client().set(name, b"1", nx=True, px=int(countdown * 1000) + KEY_TTL_MS))
-        pipe = ratelimit.redis_client().pipeline(transaction=False)
+            return bool(connections.shared_redis().set(name, b"1", nx=True, px=int(countdown * 1000) + KEY_TTL_MS))
+        pipe = connections.shared_redis().pipeline(transaction=False)
         pipe.set(name, b"1", nx=True, px=int(countdown * 1000) + KEY_TTL_MS)
         pipe.rpush(nudges_key(name), b"1")
         pipe.pexpire(nudges_key(name), KEY_TTL_MS)
@@ -105,7 +105,7 @@ def await_nudge(name: str, seconds: float, busy_queues: Sequence[str]) -> bool:
     waits. True: nudged (it looks again, still holding the key). False: the time passed,
     other tasks wait in `busy_queues` (the broker's lists, in this Redis) for a worker, or
     Redis failed; the task then lets go and looks once more, as without lingering."""
-    client = ratelimit.redis_client()
+    client = connections.shared_redis()
     nudges = nudges_key(name)
     deadline = time.monotonic() + seconds
     try:
@@ -141,7 +141,7 @@ return 1
 
 @cache
 def _nudge_if_held_script():
-    return ratelimit.redis_client().register_script(_NUDGE_IF_HELD_LUA)
+    return connections.shared_redis().register_script(_NUDGE_IF_HELD_LUA)
 
 
 def nudge_if_held(name: str) -> bool | None:
@@ -150,7 +150,7 @@ def nudge_if_held(name: str) -> bool | None:
     the key (the nudge, the task's next look, or its look once more after letting go).
     False: no task holds it (a wake-up must publish one). None: Redis failed."""
     try:
-        client = ratelimit.redis_client()
+        client = connections.shared_redis()
         return bool(_nudge_if_held_script()(keys=[name, nudges_key(name)], args=[KEY_TTL_MS], client=client))
     except redis.RedisError as exc:
         logger.warning("could not nudge %s: %s", name, exc)
@@ -175,7 +175,7 @@ return 1
 
 @cache
 def _permit_script():
-    return ratelimit.redis_client().register_script(_PERMIT_LUA)
+    return connections.shared_redis().register_script(_PERMIT_LUA)
 
 
 def take_permit(name: str, holder: str, *, limit: int) -> bool:
@@ -183,7 +183,7 @@ def take_permit(name: str, holder: str, *, limit: int) -> bool:
     held. Redis failing: True - the permits only share the workers out, and the work it
     guards cannot go on without Redis anyway."""
     try:
-        return bool(_permit_script()(keys=[name], args=[holder, limit, KEY_TTL_MS], client=ratelimit.redis_client()))
+        return bool(_permit_script()(keys=[name], args=[holder, limit, KEY_TTL_MS], client=connections.shared_redis()))
     except redis.RedisError as exc:
         logger.warning("could not take a permit of %s: %s", name, exc)
         return True
@@ -194,15 +194,15 @@ def return_permit(name: str, holder: str) -> None:
 
 
 def _note_outage(what: str) -> None:
-    # What the failed wake-up left is handed on as soon as Redis is back (outbox/workers.py).
-    from outbox.workers import outage_watch
+    # What the failed wake-up left is handed on as soon as Redis is back (core/workers.py).
+    from core.workers import outage_watch
 
     outage_watch.note(what)
 
 
 def _quietly(command: str, *args: object) -> None:
     with contextlib.suppress(redis.RedisError):  # the key expires by itself
-        getattr(ratelimit.redis_client(), command)(*args)
+        getattr(connections.shared_redis(), command)(*args)
 
 
 class Deferred:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ssl
 from collections.abc import Collection
+from functools import cache
 from typing import Any
 from urllib.parse import SplitResult, urlsplit
 
@@ -100,6 +101,13 @@ def redis_client(url: str | None = None, *, timeout: float = 2.0) -> Any:
         socket_connect_timeout=timeout,
         **redis_ssl_options(url, settings.REDIS_SSL_CERT_REQS),
     )
+
+
+@cache
+def shared_redis() -> Any:
+    """This process's one client for Dovecote's own Redis keys (the limiter's, the wake-ups',
+    the sweeper's), made on first use."""
+    return redis_client()
 
 
 def check_redis(url: str | None = None, *, timeout: float = 1.0) -> tuple[bool, str]:

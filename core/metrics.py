@@ -117,7 +117,7 @@ def _shared_key() -> str:
 
 
 def _redis() -> Any:
-    from project import connections
+    from core import connections
 
     return connections.redis_client(timeout=0.5)
 
