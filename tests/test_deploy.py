@@ -50,7 +50,7 @@ def test_the_web_line_listens_on_all_interfaces_at_the_platforms_port(processes:
 
     wait_until(lambda: "Listening at" in web.log() or not web.alive(), timeout=30, message="gunicorn to listen")
     assert f"Listening at: http://0.0.0.0:{port}" in web.log()
-    assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).json() == {"ok": True}
+    assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=60).json() == {"ok": True}
 
 
 @pytest.mark.parametrize(
@@ -414,4 +414,4 @@ def test_the_readmes_honcho_command_serves_the_web_where_the_readme_says(process
     processes.append(honcho)
     wait_until(lambda: "Listening at" in honcho.log() or not honcho.alive(), timeout=30, message="gunicorn to listen")
     assert f"Listening at: http://0.0.0.0:{port}" in honcho.log()
-    assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).json() == {"ok": True}
+    assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=60).json() == {"ok": True}

@@ -362,9 +362,10 @@ def test_fault_count_seconds_and_matching(server: SandboxServer, sandbox: Sandbo
     sandbox.fault("403", method="sendMessage", count=2)
     assert run_bot(server, lambda bot: outcomes(bot, 1, 3)) == ["403", "403", "ok"]
 
-    sandbox.fault("403", seconds=0.3, method="sendMessage")
+    # Seconds enough for the send to start within them on a loaded host.
+    sandbox.fault("403", seconds=2, method="sendMessage")
     assert run_bot(server, lambda bot: outcomes(bot, 1, 1)) == ["403"]
-    time.sleep(0.35)
+    time.sleep(2.1)
     assert run_bot(server, lambda bot: outcomes(bot, 1, 1)) == ["ok"]
 
     # Only the matching chat/token is affected; the first created matching fault wins.
