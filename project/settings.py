@@ -40,7 +40,8 @@ def _required_in_production(*names: str) -> None:
     missing = [name for name in names if not env.str(name, default="")]
     if missing:
         raise ImproperlyConfigured(
-            f"{', '.join(missing)} must be set when DEBUG is off (DEBUG=1 uses development defaults)."
+            f"{', '.join(missing)} must be set when DEBUG is off (DEBUG=1 has a development SECRET_KEY; "
+            "`make demo` starts a PostgreSQL and a Redis of its own)."
         )
 
 

@@ -130,10 +130,11 @@ class SandboxClient:
             time.sleep(interval)
 
     # -------------------------------------------------------------------- control
-    def reset(self) -> None:
+    def reset(self, update_ids: dict[str, int] | None = None) -> None:
         """Forget calls, messages, faults, pending updates and webhooks; limits revert
-        to the values the server was started with (off unless set on the CLI)."""
-        self._request("POST", "reset")
+        to the values the server was started with (off unless set on the CLI). `update_ids`
+        (token -> last update_id) makes a bot's next updates continue after those ids."""
+        self._request("POST", "reset", json={"update_ids": update_ids} if update_ids else None)
 
     def fault(self, kind: str | int, **params: Any) -> JSONDict:
         """Inject a fault; returns it (``["id"]`` identifies it). See the server docs for

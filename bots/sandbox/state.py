@@ -259,9 +259,16 @@ class SandboxState:
         # Files a user sent (a pushed photo), by (token, file_id): (file_path, content).
         self.files: dict[tuple[str, str], tuple[str, bytes]] = {}
 
-    def reset(self) -> None:
+    def reset(self, update_ids: dict[str, int] | None = None) -> None:
+        """Forget everything; `update_ids` (token -> the last id that bot got) continues a bot's
+        update ids past those a previous sandbox gave, as Telegram's keep increasing: a bot that
+        stored them would drop a reissued id as a duplicate."""
         with self.lock:
             self._reset_locked()
+            for token, last in (update_ids or {}).items():
+                if not isinstance(token, str) or not isinstance(last, int) or isinstance(last, bool) or last < 0:
+                    raise ControlError("update_ids must map each token to the last update_id it got (an integer >= 0)")
+                self.update_counters[token] = last
             self.updates_arrived.notify_all()
 
     def stop(self) -> None:

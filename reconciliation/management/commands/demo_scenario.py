@@ -11,8 +11,9 @@ from typing import Any
 import httpx
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
+from django.db.models import Max
 
-from bots.models import Bot, ConsumerRun
+from bots.models import Bot, ConsumerRun, InboundUpdate
 from bots.sandbox.client import SandboxClient
 from outbox.models import OutboundMessage, State
 
@@ -60,7 +61,10 @@ class Command(BaseCommand):
         sandbox = SandboxClient(options["sandbox"])
         self.wait_for(f"{options['web']}/healthz", "web")
         self.wait_for(f"{options['sandbox']}/sandbox/health", "sandbox")
-        sandbox.reset()  # a fresh story each run (this also forgets the webhook)
+        # A fresh story each run (this also forgets the webhook); the bot's update ids continue
+        # after those a previous run stored, or the webhook would drop them as duplicates.
+        last = InboundUpdate.objects.filter(bot=bot).aggregate(last=Max("update_id"))["last"]
+        sandbox.reset(update_ids={bot.token: last} if last is not None else None)
         call_command("set_webhook", bot.name, "--url", options["web"])
         token = bot.token
         line = "-" * 72
