@@ -130,11 +130,12 @@ class SandboxClient:
             time.sleep(interval)
 
     # -------------------------------------------------------------------- control
-    def reset(self, update_ids: dict[str, int] | None = None) -> None:
+    def reset(self, continue_after: JSONDict | None = None) -> None:
         """Forget calls, messages, faults, pending updates and webhooks; limits revert
-        to the values the server was started with (off unless set on the CLI). `update_ids`
-        (token -> last update_id) makes a bot's next updates continue after those ids."""
-        self._request("POST", "reset", json={"update_ids": update_ids} if update_ids else None)
+        to the values the server was started with (off unless set on the CLI).
+        `continue_after` ({token: {"update_id": N, "message_ids": {chat_id: N}}}) makes a bot's
+        next update and message ids continue after those."""
+        self._request("POST", "reset", json={"continue_after": continue_after} if continue_after else None)
 
     def fault(self, kind: str | int, **params: Any) -> JSONDict:
         """Inject a fault; returns it (``["id"]`` identifies it). See the server docs for

@@ -332,7 +332,7 @@ class _Handler(BaseHTTPRequestHandler):
                 )
                 self._respond(200, {"messages": messages})
             elif route == "reset" and verb == "POST":
-                state.reset(spec.get("update_ids"))
+                state.reset(spec.get("continue_after"))
                 self._respond(200, {"ok": True})
             elif route == "faults" and verb == "POST":
                 fault = state.add_fault(spec)

@@ -259,16 +259,26 @@ class SandboxState:
         # Files a user sent (a pushed photo), by (token, file_id): (file_path, content).
         self.files: dict[tuple[str, str], tuple[str, bytes]] = {}
 
-    def reset(self, update_ids: dict[str, int] | None = None) -> None:
-        """Forget everything; `update_ids` (token -> the last id that bot got) continues a bot's
-        update ids past those a previous sandbox gave, as Telegram's keep increasing: a bot that
-        stored them would drop a reissued id as a duplicate."""
+    def reset(self, continue_after: JSONDict | None = None) -> None:
+        """Forget everything. `continue_after` ({token: {"update_id": N, "message_ids": {chat:
+        N}}}) continues a bot's update ids and its chats' message ids after those a previous
+        sandbox gave, as Telegram's keep increasing: a bot that stored them would take reissued
+        ones for updates it has seen (dropped) and messages it has answered."""
         with self.lock:
             self._reset_locked()
-            for token, last in (update_ids or {}).items():
-                if not isinstance(token, str) or not isinstance(last, int) or isinstance(last, bool) or last < 0:
-                    raise ControlError("update_ids must map each token to the last update_id it got (an integer >= 0)")
-                self.update_counters[token] = last
+            for token, last in (continue_after or {}).items():
+                if not isinstance(token, str) or not isinstance(last, dict):
+                    raise ControlError("continue_after maps each token to {update_id, message_ids}")
+                update_id = _count(last.get("update_id", 0), "update_id")
+                self.update_counters[token] = update_id
+                chats = last.get("message_ids", {})
+                if not isinstance(chats, dict):
+                    raise ControlError("message_ids maps each chat id to the last message_id in it")
+                for chat, message_id in chats.items():
+                    chat_id = chat_ref_to_int(chat)
+                    if chat_id is None:
+                        raise ControlError(f"message_ids: {chat!r} is not a chat id")
+                    self.chat_counters[(token, chat_id)] = _count(message_id, "message_id")
             self.updates_arrived.notify_all()
 
     def stop(self) -> None:
@@ -664,3 +674,9 @@ def opt_float(spec: JSONDict, key: str) -> float | None:
         return float(value)
     except (TypeError, ValueError):
         raise ControlError(f"{key} must be a number") from None
+
+
+def _count(value: object, name: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ControlError(f"{name} must be an integer >= 0")
+    return value

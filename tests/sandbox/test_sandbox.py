@@ -634,3 +634,19 @@ def test_a_user_s_photo_can_be_got_and_downloaded(server: SandboxServer, sandbox
     refused = httpx.post(f"{server.base_url}/bot{OTHER_TOKEN}/getFile", json={"file_id": largest["file_id"]})
     assert (refused.status_code, refused.json()["description"]) == (400, "Bad Request: invalid file_id")
     assert httpx.get(f"{server.base_url}/file/bot{OTHER_TOKEN}/{path}").status_code == 404
+
+
+def test_a_reset_can_continue_a_bots_update_and_message_ids(sandbox: SandboxClient) -> None:
+    """A new sandbox for a bot that stored what an earlier one gave (the demo run again):
+    Telegram's update ids and a chat's message ids keep increasing, so must the sandbox's."""
+    sandbox.reset(continue_after={TOKEN: {"update_id": 41, "message_ids": {"7": 9}}})
+
+    first = sandbox.push_message(TOKEN, 7, "again")["update"]
+    other_chat = sandbox.push_message(TOKEN, 8, "new chat")["update"]
+
+    assert (first["update_id"], first["message"]["message_id"]) == (42, 10)
+    assert (other_chat["update_id"], other_chat["message"]["message_id"]) == (43, 1)
+    with pytest.raises(SandboxControlError, match="update_id must be an integer"):
+        sandbox.reset(continue_after={TOKEN: {"update_id": "many"}})
+    sandbox.reset()
+    assert sandbox.push_message(TOKEN, 7, "over")["update"]["update_id"] == 1

@@ -61,10 +61,14 @@ class Command(BaseCommand):
         sandbox = SandboxClient(options["sandbox"])
         self.wait_for(f"{options['web']}/healthz", "web")
         self.wait_for(f"{options['sandbox']}/sandbox/health", "sandbox")
-        # A fresh story each run (this also forgets the webhook); the bot's update ids continue
-        # after those a previous run stored, or the webhook would drop them as duplicates.
-        last = InboundUpdate.objects.filter(bot=bot).aggregate(last=Max("update_id"))["last"]
-        sandbox.reset(update_ids={bot.token: last} if last is not None else None)
+        # A fresh story each run (this also forgets the webhook). The bot's update and message
+        # ids continue after those a previous run stored, as Telegram's would: reissued, they
+        # would be dropped as duplicates and taken for messages already answered.
+        stored = InboundUpdate.objects.filter(bot=bot)
+        last = stored.aggregate(last=Max("update_id"))["last"]
+        chats = stored.exclude(chat_id=None).values("chat_id").annotate(last=Max("message_id"))
+        message_ids = {str(c["chat_id"]): c["last"] for c in chats if c["last"] is not None}
+        sandbox.reset(continue_after={bot.token: {"update_id": last, "message_ids": message_ids}} if last else None)
         call_command("set_webhook", bot.name, "--url", options["web"])
         token = bot.token
         line = "-" * 72
