@@ -35,7 +35,7 @@ def readyz(request: HttpRequest) -> JsonResponse:
     broker_ok, detail = connections.check_broker()
     checks["broker"] = "ok" if broker_ok else f"unavailable: {detail}"
     ok = ok and broker_ok
-    if settings.REDIS_URL and connections.broker_kind(settings.CELERY_BROKER_URL) != "redis":
+    if connections.broker_kind(settings.CELERY_BROKER_URL) != "redis":
         # Another broker (RabbitMQ): Redis holds only the limiter and the wake-up keys. Shown,
         # but it does not make the process unready: the webhook still stores and answers.
         redis_ok, detail = connections.check_redis()
