@@ -3,6 +3,7 @@ the Bot API sandbox and a Celery worker as subprocesses (stopped by PID, never b
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import signal
@@ -47,6 +48,61 @@ def bench_env(db: str, **overrides: str) -> dict[str, str]:
     }
     env.update(overrides)
     return env
+
+
+def production_env(db: str, name: str, **overrides: str) -> dict[str, str]:
+    """`bench_env` as a deployment runs: DEBUG off (so a secret key and the allowed hosts), and
+    workers that stop within a second when the bench ends."""
+    return bench_env(
+        db,
+        DEBUG="0",
+        SECRET_KEY=f"{name}-bench-not-a-secret-0123456789abcdefghijklmnopqrstuvwxyz",
+        ALLOWED_HOSTS="127.0.0.1,localhost",
+        CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT="1",
+        **overrides,
+    )
+
+
+def add_procfile_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--limit` (L, the sandbox's and the bot's rate) and `--concurrency` (the worker's -c)."""
+    parser.add_argument("--limit", type=int, default=30, help="L: the sandbox's and the bot's messages/s")
+    parser.add_argument("--concurrency", type=int, default=4, help="the worker's -c (the Procfile's default: 4)")
+
+
+def add_bot(
+    env: dict[str, str], name: str, token: str, *, secret: str, api_base_url: str, responder: str, rate: int
+) -> None:
+    """`manage.py add_bot`, as an operator adds a bot."""
+    command = [str(BIN / "python"), "manage.py", "add_bot", name, "--token", token, "--webhook-secret", secret]
+    command += ["--api-base-url", api_base_url, "--responder", responder, "--rate-limit", str(rate)]
+    subprocess.run(command, cwd=ROOT, env=env, check=True, capture_output=True)
+
+
+def start_beat(env: dict[str, str]) -> Proc:
+    return Proc("beat", [str(BIN / "celery"), "-A", "project", "beat", "-l", "warning"], env)
+
+
+def message_update(update_id: int, chat: int, text: str, *, first_name: str = "Bench", date: int = 1) -> dict[str, Any]:
+    """A private chat's text message, as Telegram delivers it to a webhook."""
+    user = {"id": chat, "is_bot": False, "first_name": first_name}
+    message = {"message_id": update_id, "from": user, "chat": {**user, "type": "private"}, "date": date, "text": text}
+    return {"update_id": update_id, "message": message}
+
+
+async def post_update(client: httpx.AsyncClient, url: str, update: dict[str, Any], *, secret: str) -> int:
+    """POST one update to a webhook as Telegram does (its secret token header); the status.
+    A keep-alive connection the server closed is tried again, as Telegram would: the
+    update_id makes a second delivery harmless."""
+    tries = 3
+    while True:
+        tries -= 1
+        try:
+            response = await client.post(url, json=update, headers={"X-Telegram-Bot-Api-Secret-Token": secret})
+        except httpx.TransportError:
+            if tries == 0:
+                raise
+        else:
+            return response.status_code
 
 
 def setup_database(db: str, env: dict[str, str]) -> None:

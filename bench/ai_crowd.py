@@ -98,27 +98,9 @@ _update_ids = iter(range(10**8, 10**9))
 
 
 async def deliver(client: httpx.AsyncClient, url: str, chat: int, text: str) -> int:
-    """One update POSTed to a webhook as Telegram does (its secret token header)."""
-    n = next(_update_ids)
-    user = {"id": chat, "is_bot": False, "first_name": "Crowd"}
-    update = {
-        "update_id": n,
-        "message": {
-            "message_id": n,
-            "from": user,
-            "chat": {**user, "type": "private"},
-            "date": int(time.time()),
-            "text": text,
-        },
-    }
-    for attempt in range(3):
-        try:
-            response = await client.post(url, json=update, headers={"X-Telegram-Bot-Api-Secret-Token": SECRET})
-            return response.status_code
-        except httpx.TransportError:
-            if attempt == 2:
-                raise
-    return 0
+    """One update POSTed to a webhook as Telegram does."""
+    update = c.message_update(next(_update_ids), chat, text, first_name="Crowd", date=int(time.time()))
+    return await c.post_update(client, url, update, secret=SECRET)
 
 
 def answers(sandbox: str, token: str, text: str) -> list[dict[str, Any]]:
@@ -129,6 +111,32 @@ def answers(sandbox: str, token: str, text: str) -> list[dict[str, Any]]:
         and x["delivered"]
         and str(x["params"].get("text", "")).startswith(f"Model: {text}")
     ]
+
+
+def warm_up(sandbox: str, model: str, token: str) -> None:
+    """One question first, answered, so that the crowd finds the processes up; then the
+    model's counts start again."""
+    asyncio.run(push_crowd(sandbox, token, 1, 0.0, "warm-up"))
+    c.wait_until(lambda: answers(sandbox, token, "warm-up"), 60, "the warm-up's answer", interval=0.2)
+    time.sleep(2.0)
+    model_stats(model, reset=True)
+
+
+def crowd(
+    sandbox: str, token: str, args: argparse.Namespace, webhook: str, floor: float
+) -> tuple[dict[int, float], float]:
+    """The crowd's questions, each answered (a duplicate would show in the 2 s after the
+    last): chat -> when its question was pushed, and how long pushing them all took."""
+    pushing = time.time()
+    pushed = asyncio.run(push_crowd(sandbox, token, args.users, args.spread, "question", webhook=webhook))
+    pushed_in = time.time() - pushing
+
+    def every() -> bool:
+        return len(answers(sandbox, token, "question")) >= args.users
+
+    c.wait_until(every, floor * 4 + 60, "every answer", interval=0.5)
+    time.sleep(2.0)
+    return pushed, pushed_in
 
 
 def pss_kib(pid: int) -> int:
@@ -236,8 +244,7 @@ def main() -> None:
     parser.add_argument("--users", type=int, default=60)
     parser.add_argument("--delay", type=float, default=3.0, help="the model's seconds per answer")
     parser.add_argument("--spread", type=float, default=1.0, help="the users write within this many seconds")
-    parser.add_argument("--limit", type=int, default=30, help="L: the sandbox's and the bot's messages/s")
-    parser.add_argument("--concurrency", type=int, default=4, help="the worker's -c (the Procfile's default: 4)")
+    c.add_procfile_arguments(parser)
     parser.add_argument("--no-peer", action="store_true", help="Dovecote alone")
     parser.add_argument(
         "--direct",
@@ -246,8 +253,7 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    env = c.bench_env(DB, DEBUG="0", SECRET_KEY="aicrowd-bench-not-a-secret-0123456789abcdefghijklmnopqrstuvwxyz")
-    env.update(ALLOWED_HOSTS="127.0.0.1,localhost", CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT="1")
+    env = c.production_env(DB, "aicrowd")
     c.setup_database(DB, env)
     procs: list[c.Proc] = []
     try:
@@ -256,32 +262,19 @@ def main() -> None:
         sandbox, sandbox_url = c.start_sandbox(env, "--bot-rate", str(args.limit), "--private-chat-rate", "1")
         procs.append(sandbox)
         env.update(TELEGRAM_API_BASE_URL=sandbox_url, OPENAI_BASE_URL=model_url)
-        manage = [str(c.BIN / "python"), "manage.py"]
-        add_bot = [*manage, "add_bot", "aicrowd", "--token", TOKEN, "--webhook-secret", SECRET]
-        add_bot += ["--api-base-url", sandbox_url, "--responder", "openai", "--rate-limit", str(args.limit)]
-        subprocess.run(add_bot, cwd=c.ROOT, env=env, check=True, capture_output=True)
+        c.add_bot(env, "aicrowd", TOKEN, secret=SECRET, api_base_url=sandbox_url, responder="openai", rate=args.limit)
         web, web_url = c.start_web(env)
         worker = c.start_worker(env, pool="prefork", concurrency=args.concurrency)
-        beat = c.Proc("beat", [str(c.BIN / "celery"), "-A", "project", "beat", "-l", "warning"], env)
+        beat = c.start_beat(env)
         procs += [web, worker, beat]
-        set_webhook = [*manage, "set_webhook", "aicrowd", "--url", web_url]
+        set_webhook = [str(c.BIN / "python"), "manage.py", "set_webhook", "aicrowd", "--url", web_url]
         subprocess.run(set_webhook, cwd=c.ROOT, env=env, check=True, capture_output=True)
 
-        # One question first, answered, so that the crowd finds the processes up.
-        asyncio.run(push_crowd(sandbox_url, TOKEN, 1, 0.0, "warm-up"))
-        c.wait_until(lambda: answers(sandbox_url, TOKEN, "warm-up"), 60, "the warm-up's answer", interval=0.2)
-        time.sleep(2.0)
-        model_stats(model_url, reset=True)
+        warm_up(sandbox_url, model_url, TOKEN)
         sampler = Sampler(worker.pid).start()
-        pushing = time.time()
-        direct = f"{web_url}/webhooks/telegram/aicrowd/" if args.direct else ""
-        pushed = asyncio.run(push_crowd(sandbox_url, TOKEN, args.users, args.spread, "question", webhook=direct))
-        pushed_in = time.time() - pushing
         floor = args.delay + args.users / args.limit
-        c.wait_until(
-            lambda: len(answers(sandbox_url, TOKEN, "question")) >= args.users, floor * 4 + 60, "every answer", 0.5
-        )
-        time.sleep(2.0)  # a duplicate would show by now
+        direct = f"{web_url}/webhooks/telegram/aicrowd/" if args.direct else ""
+        pushed, pushed_in = crowd(sandbox_url, TOKEN, args, direct, floor)
         sampler.stop()
         stats = model_stats(model_url)
         print(f"crowd              {args.users} users within {args.spread:g} s; model {args.delay:g} s per answer")
@@ -334,19 +327,9 @@ def main() -> None:
             return any(x["method"] == "setWebhook" for x in calls)
 
         c.wait_until(peer_webhook_set, 60, "python-telegram-bot's setWebhook", interval=0.2)
-        asyncio.run(push_crowd(sandbox_url, PEER_TOKEN, 1, 0.0, "warm-up"))
-        c.wait_until(lambda: answers(sandbox_url, PEER_TOKEN, "warm-up"), 60, "the peer's warm-up answer", 0.2)
-        time.sleep(2.0)
-        model_stats(model_url, reset=True)
+        warm_up(sandbox_url, model_url, PEER_TOKEN)
         direct = f"http://127.0.0.1:{port}/ptb-ai" if args.direct else ""
-        pushed = asyncio.run(push_crowd(sandbox_url, PEER_TOKEN, args.users, args.spread, "question", webhook=direct))
-        c.wait_until(
-            lambda: len(answers(sandbox_url, PEER_TOKEN, "question")) >= args.users,
-            floor * 4 + 60,
-            "every peer answer",
-            0.5,
-        )
-        time.sleep(2.0)
+        pushed, _ = crowd(sandbox_url, PEER_TOKEN, args, direct, floor)
         theirs = report(
             "python-telegram-bot, concurrent_updates=256 + AIORateLimiter (in memory)",
             pushed,

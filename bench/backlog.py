@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
-import subprocess
 import time
 
 import _common as c
@@ -32,35 +30,19 @@ TOKEN = "700005:backlog-token-abcdefghijklmnopqrstuvwxyz"
 SECRET = "backlog-webhook-secret"
 
 
-def update(n: int, chats: int, *, chat: int | None = None, text: str | None = None) -> dict:
-    chat = 500_000 + n % chats if chat is None else chat
-    user = {"id": chat, "is_bot": False, "first_name": "Backlog"}
-    text = f"bl {n}" if text is None else text
-    return {
-        "update_id": n,
-        "message": {"message_id": n, "from": user, "chat": {**user, "type": "private"}, "date": 1, "text": text},
-    }
+def update(n: int, chats: int) -> dict:
+    return c.message_update(n, 500_000 + n % chats, f"bl {n}", first_name="Backlog")
 
 
 async def burst(url: str, updates: int, chats: int) -> dict[int, int]:
     statuses: dict[int, int] = {}
-    headers = {"X-Telegram-Bot-Api-Secret-Token": SECRET}
-    async with httpx.AsyncClient(timeout=30, headers=headers) as client:
+    async with httpx.AsyncClient(timeout=30) as client:
         queue = list(range(1, updates + 1))
 
         async def connection() -> None:
             while queue:
-                n = queue.pop(0)
-                for attempt in range(3):
-                    try:
-                        response = await client.post(url, content=json.dumps(update(n, chats)))
-                        break
-                    except httpx.TransportError:
-                        # A keep-alive connection the server closed: Telegram retries too,
-                        # and the update_id makes a second delivery harmless.
-                        if attempt == 2:
-                            raise
-                statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
+                status = await c.post_update(client, url, update(queue.pop(0), chats), secret=SECRET)
+                statuses[status] = statuses.get(status, 0) + 1
 
         await asyncio.gather(*(connection() for _ in range(16)))
     return statuses
@@ -70,14 +52,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--updates", type=int, default=1000)
     parser.add_argument("--chats", type=int, default=100)
-    parser.add_argument("--limit", type=int, default=30, help="L: the sandbox's and the bot's messages/s")
+    c.add_procfile_arguments(parser)
     parser.add_argument("--jitter-ms", type=float, default=5.0)
     parser.add_argument("--beat", action="store_true", help="also run celery-beat (the sweeper)")
-    parser.add_argument("--concurrency", type=int, default=4, help="the worker's -c (the Procfile's default: 4)")
     args = parser.parse_args()
 
-    env = c.bench_env(DB, DEBUG="0", SECRET_KEY="backlog-bench-not-a-secret-0123456789abcdefghijklmnopqrstuvwxyz")
-    env.update(ALLOWED_HOSTS="127.0.0.1,localhost", CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT="1")
+    env = c.production_env(DB, "backlog")
     c.setup_database(DB, env)
     procs: list[c.Proc] = []
     try:
@@ -86,15 +66,12 @@ def main() -> None:
         )
         procs.append(sandbox)
         env["TELEGRAM_API_BASE_URL"] = sandbox_url
-        add_bot = [str(c.BIN / "python"), "manage.py", "add_bot", "backlog", "--token", TOKEN]
-        add_bot += ["--webhook-secret", SECRET, "--api-base-url", sandbox_url, "--responder", "echo"]
-        add_bot += ["--rate-limit", str(args.limit)]
-        subprocess.run(add_bot, cwd=c.ROOT, env=env, check=True, capture_output=True)
+        c.add_bot(env, "backlog", TOKEN, secret=SECRET, api_base_url=sandbox_url, responder="echo", rate=args.limit)
         web, web_url = c.start_web(env)
         procs.append(web)
         procs.append(c.start_worker(env, pool="prefork", concurrency=args.concurrency))
         if args.beat:
-            procs.append(c.Proc("beat", [str(c.BIN / "celery"), "-A", "project", "beat", "-l", "warning"], env))
+            procs.append(c.start_beat(env))
         url = f"{web_url}/webhooks/telegram/backlog/"
 
         def replies() -> list[dict]:
@@ -105,9 +82,9 @@ def main() -> None:
 
         # One update first, answered, so that the burst finds the processes up (a worker's
         # children start in seconds on a busy host), as a deployed bot's would be.
-        warm = update(0, args.chats, chat=499_999, text="warm-up")
+        warm = c.message_update(0, 499_999, "warm-up", first_name="Backlog")
         headers = {"X-Telegram-Bot-Api-Secret-Token": SECRET}
-        assert httpx.post(url, content=json.dumps(warm), headers=headers, timeout=30).status_code == 200
+        assert httpx.post(url, json=warm, headers=headers, timeout=30).status_code == 200
         c.wait_until(lambda: c.sandbox_calls(sandbox_url, TOKEN), 60, "the warm-up's reply", interval=0.2)
         time.sleep(1.1)  # out of the bot's window
 

@@ -37,14 +37,6 @@ SECRET = "lanes-webhook-secret"
 TEXT = "Our summer sale starts now"
 
 
-def update(n: int, chat: int, text: str) -> dict:
-    user = {"id": chat, "is_bot": False, "first_name": "Lanes"}
-    return {
-        "update_id": n,
-        "message": {"message_id": n, "from": user, "chat": {**user, "type": "private"}, "date": 1, "text": text},
-    }
-
-
 class Load:
     """`rate` updates/s to each bot's webhook, spread evenly; when each text was posted."""
 
@@ -70,7 +62,7 @@ class Load:
             n = next(self._ids)
             text = f"lanes {bot} {n}"
             self.posted[text] = (bot, time.time())
-            body = json.dumps(update(n, next(chats), text))
+            body = json.dumps(c.message_update(n, next(chats), text, first_name="Lanes"))
             response = await client.post(f"{self.web_url}/webhooks/telegram/{bot}/", content=body)
             self.statuses[response.status_code] = self.statuses.get(response.status_code, 0) + 1
 
@@ -114,8 +106,7 @@ def main() -> None:
     parser.add_argument("--jitter-ms", type=float, default=5.0)
     args = parser.parse_args()
 
-    env = c.bench_env(DB, DEBUG="0", SECRET_KEY="lanes-bench-not-a-secret-0123456789abcdefghijklmnopqrstuvwxyz")
-    env.update(ALLOWED_HOSTS="127.0.0.1,localhost", CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT="1")
+    env = c.production_env(DB, "lanes")
     c.setup_database(DB, env)
     c.django_setup(env)
     from django.db.models import Count
@@ -150,7 +141,7 @@ def main() -> None:
         web, web_url = c.start_web(env)
         procs.append(web)
         procs.append(c.start_worker(env, pool="prefork", concurrency=4))
-        procs.append(c.Proc("beat", [str(c.BIN / "celery"), "-A", "project", "beat", "-l", "warning"], env))
+        procs.append(c.start_beat(env))
         _, token, _ = services.api_client_add(name="lanes-client", bot_names=["broadcaster"])
 
         load = Load(web_url, names, chats, args.rate)

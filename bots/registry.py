@@ -13,13 +13,9 @@ start-up)::
 
 Each update gets one ConsumerRun per matching consumer, retried on its own. `TransientError`
 retries with backoff, `PermanentError` dead-letters, `AuthError` pauses the consumer, any other
-exception counts as transient, `Defer(until)` runs it later without spending an attempt.
-
-A consumer may be an `async def` (a model, a CRM): its runs go on the worker process's event
-loop, hundreds at once (bots/aio.py), with the same claim, lease, time limit and settling; it
-reaches the database through `await ctx.db(fn, ...)`, `await ctx.areply(...)` and
-`await ctx.asend(...)`, each a synchronous step run whole in a small pool of threads (never a
-transaction across an `await`). The reference: docs/CONSUMERS.md and docs/AWAITING.md."""
+exception counts as transient, `Defer(until)` runs it later without spending an attempt. A
+consumer may be an `async def` (a model, a CRM call), run on the worker's event loop
+(bots/aio.py). The reference: docs/CONSUMERS.md and docs/AWAITING.md."""
 
 from __future__ import annotations
 
@@ -196,20 +192,12 @@ def consumer(
 ) -> Callable[[Callable[[ConsumerContext], Any]], Callable[[ConsumerContext], Any]]:
     """Register a consumer under a stable name (the name is stored in runs and keys).
 
-    `inline`: cheap and synchronous (no network call of its own), so the router may run it in its
-    own task right after routing; a callable decides per update. Its run is still a row, recovered
-    by the sweeper if the router dies.
-
-    `batch`: the same work for several inline runs at once. It returns one outcome per context, in
-    order, or None (having done nothing) to have each run tried alone. If it raises, each run is
-    tried alone with the consumer itself, so what it wrote must be safe to write again (stable
-    keys, insert once). Details: docs/CONSUMERS.md.
-
-    An `async def` consumer runs on the worker's event loop (bots/aio.py); it cannot be
-    `inline` nor have a `batch`. `awaiting`: a synchronous consumer's awaiting form, used for
-    the updates `awaits` picks (auto_reply awaits a model, answers an echo at once).
-    `bot`: the name of the one bot whose updates it takes (a python-telegram-bot
-    application serves one bot, bots/ptb); by default every bot's."""
+    `inline`: cheap and synchronous, so the router may run it in its own task right after
+    routing. `batch`: the same work for several inline runs at once, one outcome per context
+    (None: each run alone); what it wrote must be safe to write again. An `async def` consumer
+    runs on the worker's event loop and cannot be `inline` nor have a `batch`. `awaiting`: a
+    synchronous consumer's awaiting form, for the updates `awaits` picks. `bot`: the one bot
+    whose updates it takes. Every argument: docs/CONSUMERS.md."""
 
     def decorator(func: Callable[[ConsumerContext], Any]) -> Callable[[ConsumerContext], Any]:
         if name in _registry and _registry[name].func is not func:

@@ -1,5 +1,5 @@
 """Connections to the services named in settings: every Redis client Dovecote opens (TLS
-aware, one setting for `rediss://`) and the broker check behind /readyz.
+aware, one setting for `rediss://`) and the checks behind /readyz.
 
 Pure functions of a URL where settings.py needs them (it cannot import Django's settings).
 """
@@ -117,6 +117,21 @@ def check_redis(url: str | None = None, *, timeout: float = 1.0) -> tuple[bool, 
         redis_client(url, timeout=timeout).ping()
     except (redis.RedisError, OSError, ValueError) as exc:
         return False, f"{type(exc).__name__}: {exc}"
+    return True, "ok"
+
+
+def check_database() -> tuple[bool, str]:
+    """Whether PostgreSQL answers a query now, through Django's connection (opened if need
+    be); (ok, "ok" or the error's type). A connection that failed is closed, so the next use
+    opens a new one."""
+    from django.db import DatabaseError, connection
+
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+    except DatabaseError as exc:
+        connection.close()
+        return False, type(exc).__name__
     return True, "ok"
 
 

@@ -3,9 +3,8 @@ dependency order, so every app records without importing upward.
 
 Each process counts in its own registry and a thread ships what it counted to one Redis hash
 every second (`ship`), so `/metrics` on any web process reads the totals of every process on
-every host. A shipment is added once even when its answer was lost (`Shipper`). Without
-REDIS_URL, /metrics shows the answering process's own counts. Labels are bounded (bots,
-methods, error classes, consumers; never chat ids). Why: docs/DESIGN.md."""
+every host. A shipment is added once even when its answer was lost (`Shipper`). Labels are
+bounded (bots, methods, error classes, consumers; never chat ids). Why: docs/DESIGN.md."""
 
 from __future__ import annotations
 
@@ -206,10 +205,10 @@ class Shipper:
 
     def ship(self) -> bool:
         """Add what changed since the last shipment; False (and kept for the next one) when
-        Redis does not answer or none is configured."""
+        Redis does not answer or Django is not configured yet."""
         from django.conf import settings
 
-        if not settings.configured or not settings.REDIS_URL:
+        if not settings.configured:
             return False
         with self.lock:
             if self.pending is not None and not self._send(self.pending):
@@ -298,14 +297,10 @@ def prune_bots(existing: Callable[[], Collection[str]]) -> int:
     or renamed (its old name), as Prometheus users expect of a target's label that no longer
     exists. `existing` names the bots there are; it is asked after the series are read, so a
     series of a bot created meanwhile still finds its bot. Returns the number of series
-    removed (0 without Redis, or when it does not answer: the next sweep tries again).
+    removed (0 when Redis does not answer: the next sweep tries again).
 
     A process still counting under the old name (a send in flight at the rename) adds its
     series back with that change alone, and the next prune removes it."""
-    from django.conf import settings
-
-    if not settings.REDIS_URL:
-        return 0
     import redis
 
     try:
@@ -353,12 +348,8 @@ def _sample_order(sample: tuple[str, dict[str, str], float]) -> tuple:
 
 
 def _counted() -> Iterable[Collector]:
-    """Every process's totals from Redis; this process's own without Redis. A scrape while
-    Redis is away omits the counters (a gap, not a wrong value) and keeps the gauges."""
-    from django.conf import settings
-
-    if not settings.REDIS_URL:
-        return COUNTED
+    """Every process's totals from Redis. A scrape while Redis is away omits the counters
+    (a gap, not a wrong value) and keeps the gauges."""
     import redis
 
     ship()

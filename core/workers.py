@@ -125,17 +125,11 @@ lease_keeper = LeaseKeeper()
 class OutageWatch:
     """This process's watch for PostgreSQL or Redis going away and coming back.
 
-    Whatever meets one of them failing says so (`note`: a task that raised a database or
-    Redis error, a wake-up or a publish that failed). From then a thread of this process
-    looks every POLL_SECONDS; once both answer again it calls the registered resumers with
-    the moment the outage was first noted (reconciliation/resume.py: the runs and sends this
-    process had claimed are taken up again, and what waits in the rows is handed to workers),
-    so that the work cut off resumes within a second of the fault clearing, not at a lease's
-    end or the sweeper's next tick. A resumer that fails is tried again at the next look.
-
-    `start(watch_redis=True)` (a worker process) also keeps a key in Redis and notes an
-    outage when it finds the key gone: Redis restarted without its data, and with it the
-    broker's queued tasks, though this process met no error."""
+    Whatever meets one of them failing says so (`note`). From then a thread looks every
+    POLL_SECONDS; once both answer it calls the registered resumers (reconciliation/resume.py)
+    with the moment the outage was first noted; a resumer that fails is tried again at the
+    next look. `start(watch_redis=True)` (a worker) also notes an outage when its key in Redis
+    is gone: Redis restarted empty. Why: docs/DESIGN.md, `reconciliation/resume.py`."""
 
     POLL_SECONDS = 0.5
     EPOCH_CHECK_SECONDS = 1.0

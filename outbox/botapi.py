@@ -1,12 +1,8 @@
 """The Bot API client: python-telegram-bot's `Bot`, one event loop per process, and the
 mapping of its exceptions to Dovecote's error classes.
 
-Why one loop per process: a new `Bot` per task sent 31-35 messages/s here against 294/s
-for a reused one, and reusing a `Bot` across `asyncio.run()` calls reported half of the
-sends as failed ("Event loop is closed") although the server had received them all -
-every retry of those would have been a duplicate. So each process owns one loop, run in a
-daemon thread, and one initialised `Bot` per (token, base URL); synchronous callers submit
-coroutines to it.
+Each process owns one loop, run in a daemon thread, and one initialised `Bot` per (token,
+base URL); synchronous callers submit coroutines to it. Why: docs/DESIGN.md.
 """
 
 from __future__ import annotations

@@ -4,14 +4,12 @@ A bot's sends are paced by slots one interval apart (_RESERVE_LUA) and counted i
 from the moment each takes its slot until a second after its answer (_TAKE_LUA), both on
 Redis's clock; a chat's own limit is a gate key (1/s) or a moving window from `limits` (a
 group's 20/min). A 429's retry_after pauses the whole bot (flood control is per bot)
-through a key with a TTL, which wins over the limiter's own accounting. Without REDIS_URL
-(the demo) the state is per process.
+through a key with a TTL, which wins over the limiter's own accounting.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from dataclasses import dataclass
 from functools import cache
@@ -20,7 +18,7 @@ import limits.errors
 import redis
 from django.conf import settings
 from limits import parse
-from limits.storage import MemoryStorage, Storage, storage_from_string
+from limits.storage import Storage, storage_from_string
 from limits.strategies import MovingWindowRateLimiter
 
 from core import connections
@@ -33,13 +31,11 @@ logger = logging.getLogger(__name__)
 
 @cache
 def _storage() -> Storage:
-    if settings.REDIS_URL:
-        return storage_from_string(
-            settings.REDIS_URL,
-            key_prefix=f"{settings.DOVECOTE_REDIS_PREFIX}dovecote-limits",
-            **redis_ssl_options(settings.REDIS_URL, settings.REDIS_SSL_CERT_REQS),
-        )
-    return MemoryStorage()
+    return storage_from_string(
+        settings.REDIS_URL,
+        key_prefix=f"{settings.DOVECOTE_REDIS_PREFIX}dovecote-limits",
+        **redis_ssl_options(settings.REDIS_URL, settings.REDIS_SSL_CERT_REQS),
+    )
 
 
 @cache
@@ -55,10 +51,6 @@ LIMITER_ERRORS = (redis.RedisError, limits.errors.StorageError)
 redis_client = connections.shared_redis
 
 
-_local_pauses: dict[int, float] = {}
-_local_lock = threading.Lock()
-
-
 def _pause_key(bot_id: int) -> str:
     return f"{settings.DOVECOTE_REDIS_PREFIX}dovecote:flood:{bot_id}"
 
@@ -66,24 +58,17 @@ def _pause_key(bot_id: int) -> str:
 def pause_bot(bot_id: int, seconds: float) -> None:
     """Telegram said retry_after: nothing of this bot goes out for that long."""
     until = time.time() + seconds
-    if settings.REDIS_URL:
-        # Keep the later of two pauses: two workers may both meet a 429.
-        key = _pause_key(bot_id)
-        current = redis_client().get(key)
-        if current is None or float(current) < until:
-            redis_client().set(key, repr(until), px=max(1, int(seconds * 1000)))
-    else:
-        with _local_lock:
-            _local_pauses[bot_id] = max(until, _local_pauses.get(bot_id, 0.0))
+    # Keep the later of two pauses: two workers may both meet a 429.
+    key = _pause_key(bot_id)
+    current = redis_client().get(key)
+    if current is None or float(current) < until:
+        redis_client().set(key, repr(until), px=max(1, int(seconds * 1000)))
 
 
 def bot_paused_for(bot_id: int) -> float:
     """Seconds left of the bot's flood-control pause (0 when none)."""
-    if settings.REDIS_URL:
-        value = redis_client().get(_pause_key(bot_id))
-        until = float(value) if value is not None else 0.0
-    else:
-        until = _local_pauses.get(bot_id, 0.0)
+    value = redis_client().get(_pause_key(bot_id))
+    until = float(value) if value is not None else 0.0
     return max(0.0, until - time.time())
 
 
@@ -124,8 +109,6 @@ redis.call('SET', KEYS[2], tostring(nxt + interval), 'PX', math.ceil((delay + in
 return {'reserved', tostring(delay)}
 """
 
-_local_slots: dict[int, float] = {}
-
 
 @cache
 def _reserve_script():
@@ -141,19 +124,8 @@ def reserve_slot(bot_id: int, rate: float, *, horizon: float) -> tuple[str, floa
     back in d seconds and send; ("paused", d) - a 429 pause; ("full", d) - nothing reserved,
     the queue already reaches d seconds ahead (beyond `horizon`)."""
     interval = 1.0 / max(rate * PACING, 0.001)
-    if settings.REDIS_URL:
-        kind, seconds = _reserve_script()(keys=[_pause_key(bot_id), _slot_key(bot_id)], args=[interval, horizon])
-        return kind.decode() if isinstance(kind, bytes) else kind, float(seconds)
-    now = time.time()
-    with _local_lock:
-        paused = _local_pauses.get(bot_id, 0.0) - now
-        if paused > 0:
-            return "paused", paused
-        nxt = max(now, _local_slots.get(bot_id, 0.0))
-        if nxt - now > horizon:
-            return "full", nxt - now
-        _local_slots[bot_id] = nxt + interval
-        return "reserved", nxt - now
+    kind, seconds = _reserve_script()(keys=[_pause_key(bot_id), _slot_key(bot_id)], args=[interval, horizon])
+    return kind.decode() if isinstance(kind, bytes) else kind, float(seconds)
 
 
 # `reserve_slot` for n sends at once (a drain's batch): the k slots that fit within
@@ -189,19 +161,8 @@ def reserve_slots(bot_id: int, rate: float, n: int, *, horizon: float) -> list[f
     interval = 1.0 / max(rate * PACING, 0.001)
     if n <= 0:
         return []
-    if settings.REDIS_URL:
-        k, first = _reserve_many_script()(keys=[_pause_key(bot_id), _slot_key(bot_id)], args=[interval, horizon, n])
-        return [float(first) + i * interval for i in range(int(k))]
-    now = time.time()
-    with _local_lock:
-        if _local_pauses.get(bot_id, 0.0) > now:
-            return []
-        nxt = max(now, _local_slots.get(bot_id, 0.0))
-        if nxt - now > horizon:
-            return []
-        k = min(n, int((horizon - (nxt - now)) / interval) + 1)
-        _local_slots[bot_id] = nxt + k * interval
-        return [nxt - now + i * interval for i in range(k)]
+    k, first = _reserve_many_script()(keys=[_pause_key(bot_id), _slot_key(bot_id)], args=[interval, horizon, n])
+    return [float(first) + i * interval for i in range(int(k))]
 
 
 # The bot's window. Telegram counts a message in every sliding second that holds its
@@ -259,8 +220,6 @@ end
 return 1
 """
 
-_local_windows: dict[int, dict[str, float]] = {}
-
 
 def _longest_wait() -> float:
     """How long an entry whose answer never comes stays: the longest a sender waits for an
@@ -295,25 +254,11 @@ def _take(
     """Enter a send in the bot's window and take its chat's gate: ("go", 0, entry), or,
     taking nothing, ("paused" | "full" | "chat", seconds to wait, None)."""
     entry = Entry(bot_id, random_id(), gate)
-    longest = _longest_wait()
-    if settings.REDIS_URL:
-        keys = [_pause_key(bot_id), _window_key(bot_id)] + ([gate[0]] if gate else [])
-        args = ["1" if check_pause else "0", max(int(rate), 1), entry.id, longest, gate[1] if gate else 0]
-        kind, seconds = _scripts()[0](keys=keys, args=args)
-        kind = kind.decode() if isinstance(kind, bytes) else kind
-        return kind, float(seconds), entry if kind == "go" else None
-    now = time.time()
-    with _local_lock:
-        paused = _local_pauses.get(bot_id, 0.0) - now
-        if check_pause and paused > 0:
-            return "paused", paused, None
-        window = _local_windows.setdefault(bot_id, {})
-        for key in [k for k, until in window.items() if until <= now]:
-            del window[key]
-        if len(window) >= max(int(rate), 1):
-            return "full", min(window.values()) - now, None
-        window[entry.id] = now + 1 + longest
-        return "go", 0.0, entry
+    keys = [_pause_key(bot_id), _window_key(bot_id)] + ([gate[0]] if gate else [])
+    args = ["1" if check_pause else "0", max(int(rate), 1), entry.id, _longest_wait(), gate[1] if gate else 0]
+    kind, seconds = _scripts()[0](keys=keys, args=args)
+    kind = kind.decode() if isinstance(kind, bytes) else kind
+    return kind, float(seconds), entry if kind == "go" else None
 
 
 def leave(entries: list[Entry], *, sent: bool = True) -> None:
@@ -332,20 +277,10 @@ def leave(entries: list[Entry], *, sent: bool = True) -> None:
 
 
 def _leave(bot_id: int, entries: list[Entry], *, sent: bool) -> None:
-    if settings.REDIS_URL:
-        gates = [e.chat_gate for e in entries if e.chat_gate]
-        keys = [_window_key(bot_id)] + [g[0] for g in gates]
-        args = ["1" if sent else "0", len(entries), *[e.id for e in entries], *[g[1] for g in gates]]
-        _scripts()[1](keys=keys, args=args)
-        return
-    with _local_lock:
-        window = _local_windows.get(bot_id, {})
-        for entry in entries:
-            if entry.id in window:
-                if sent:
-                    window[entry.id] = time.time() + 1
-                else:
-                    del window[entry.id]
+    gates = [e.chat_gate for e in entries if e.chat_gate]
+    keys = [_window_key(bot_id)] + [g[0] for g in gates]
+    args = ["1" if sent else "0", len(entries), *[e.id for e in entries], *[g[1] for g in gates]]
+    _scripts()[1](keys=keys, args=args)
 
 
 @dataclass(frozen=True)
@@ -500,13 +435,13 @@ def take_now(
 ) -> list[Turn] | None:
     """Each send's turn, in one round trip: what `chat_waits`, `reserve_slots` and a send's
     `acquire` at its slot answer one after another. None when that takes the calls one by
-    one: without Redis, with the limiter off, or for a chat with a moving window (a group's
-    20/min, kept by `limits`).
+    one: with the limiter off, or for a chat with a moving window (a group's 20/min, kept
+    by `limits`).
 
     `bulk` (a broadcast's sends): only while no slot of the bot is booked ahead, else all
     "busy" for the seconds until the last booked one; the slots within `horizon` are booked
     with their window entries, all "go" at once; a full window is "full", booking nothing."""
-    if not settings.REDIS_URL or not settings.DOVECOTE_RATE_LIMITS_ENABLED:
+    if not settings.DOVECOTE_RATE_LIMITS_ENABLED:
         return None
     if not chat_ids:
         return []  # nothing left to send (another worker claimed the batch first)
@@ -560,8 +495,6 @@ def bulk_wait(bot_id: int, rate: int) -> float:
     in one round trip without taking anything: a broadcast's drain looks before it claims."""
     if not settings.DOVECOTE_RATE_LIMITS_ENABLED:
         return bot_paused_for(bot_id)
-    if not settings.REDIS_URL:
-        return 0.0
     keys = [_pause_key(bot_id), _slot_key(bot_id), _window_key(bot_id)]
     wait = float(_bulk_wait_script()(keys=keys, args=[max(int(rate), 1)], client=redis_client()))
     return wait if wait > SLOT_TOLERANCE_SECONDS else 0.0
@@ -603,8 +536,8 @@ def chat_waits(*, bot_id: int, chat_ids: list[int | None]) -> list[float]:
 # as a send's window entry is (_TAKE_LUA): from its slot until a period after its answer.
 # Other limits (a group's 20/min) keep the moving window.
 def _chat_gate(item: object, key: str) -> tuple[str, int] | None:
-    """The gate's key and period in ms, for a one-per-period limit with Redis; else None."""
-    if not settings.REDIS_URL or getattr(item, "amount", 0) != 1:
+    """The gate's key and period in ms, for a one-per-period limit; else None."""
+    if getattr(item, "amount", 0) != 1:
         return None
     period = int(item.get_expiry() * 1000)  # type: ignore[attr-defined]
     return f"{settings.DOVECOTE_REDIS_PREFIX}dovecote:chat-gate:{key}", period
@@ -638,12 +571,7 @@ def _wait(limiter: MovingWindowRateLimiter, item: object, key: str) -> float:
 def reset() -> None:
     """Forget all limiter state (tests, and after an operator changes limits)."""
     _storage().reset()
-    with _local_lock:
-        _local_pauses.clear()
-        _local_slots.clear()
-        _local_windows.clear()
-    if settings.REDIS_URL:
-        prefix = settings.DOVECOTE_REDIS_PREFIX
-        for pattern in (f"{prefix}dovecote:flood:*", f"{prefix}dovecote:slot:*", f"{prefix}dovecote:window:*"):
-            for key in redis_client().scan_iter(pattern):
-                redis_client().delete(key)
+    prefix = settings.DOVECOTE_REDIS_PREFIX
+    for pattern in (f"{prefix}dovecote:flood:*", f"{prefix}dovecote:slot:*", f"{prefix}dovecote:window:*"):
+        for key in redis_client().scan_iter(pattern):
+            redis_client().delete(key)

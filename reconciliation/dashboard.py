@@ -160,17 +160,18 @@ def dashboard_numbers(bot_id: int | None = None) -> dict[str, Any]:
 
 # --- SVG --------------------------------------------------------------------------------
 
-PALETTE = {
-    "pending": "#7aa6c2",
-    "retry": "#e0a030",
-    "sending": "#4a90d9",
-    "sent": "#3c9a5f",
-    "failed": "#c0392b",
-    "cancelled": "#999",
-    "unknown": "#8e44ad",
-    "new": "#7aa6c2",
-    "done": "#3c9a5f",
-    "running": "#4a90d9",
+# A colour per state, the same in every chart (the apps' states share their names).
+PALETTE: dict[str, str] = {
+    State.PENDING: "#7aa6c2",
+    State.RETRY: "#e0a030",
+    State.SENDING: "#4a90d9",
+    State.SENT: "#3c9a5f",
+    State.FAILED: "#c0392b",
+    State.CANCELLED: "#999",
+    State.UNKNOWN: "#8e44ad",
+    UpdateState.NEW: "#7aa6c2",
+    RunState.DONE: "#3c9a5f",
+    RunState.RUNNING: "#4a90d9",
 }
 
 

@@ -1,22 +1,13 @@
-"""Resuming after PostgreSQL or Redis came back (core/workers.py OutageWatch calls `resume`).
+"""Resuming after PostgreSQL or Redis came back (core/workers.py OutageWatch calls `resume`),
+rather than waiting for leases to run out and the sweeper's next tick.
 
-Without it, the work an outage cut off waited for the sweeper: a run whose task failed
-mid-way stayed `running` until its lease ran out, a send it had claimed until the send's
-lease did, and the tasks a restarted Redis lost until their rows were a redispatch grace
-overdue: tens of seconds to minutes after the fault had cleared. Here:
+1. `own_claims`: this process takes up the runs and sends it had claimed before the outage
+   and holds no more, as the sweeper would at their lease's end.
+2. `hand_on_waiting`, once per outage for all processes (a key in Redis decides which):
+   routers, run tasks, drains and probes for what waits in the rows.
 
-1. This process takes up what it had claimed before the outage and holds no more: its
-   runs go back to retry, due now, the attempt given back, and are dispatched; its sends
-   are released (no request started) or, with a request that may have gone, unknown with
-   a case, as the sweeper would decide at their lease's end.
-2. Once per outage for all processes (a key in Redis decides which): the bots with new
-   updates get a router, the due runs a task, the bots with due messages their drains,
-   and open circuits their probe. The routers' and drains' wake-up keys are let go
-   first: a task the outage failed left its key standing for a few seconds more, and a
-   second router or drain is something the wake-up protocol allows.
-
-Everything handed on starts with a claim, so a task that survived the outage and a task
-published here never do the same work twice.
+Everything handed on starts with a claim, so nothing is done twice. Why and how:
+docs/DESIGN.md.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
+import redis
 from django.conf import settings
 from django.db.models import Exists, Model, OuterRef, Q, QuerySet
 
@@ -128,12 +129,9 @@ def _redis() -> Any:
 def retention_due() -> bool:
     """Retention is hourly work, not every tick's. A Redis key with a TTL marks "a pass
     finished everything less than an interval ago"; while it is absent every sweep runs a
-    pass. Without Redis (the demo) or with Redis down, every sweep does."""
-    interval = int(settings.DOVECOTE_RETENTION_INTERVAL_SECONDS)
-    if interval <= 0 or not settings.REDIS_URL:
+    pass. With Redis down, every sweep does."""
+    if int(settings.DOVECOTE_RETENTION_INTERVAL_SECONDS) <= 0:
         return True
-    import redis
-
     try:
         return not _redis().exists(_redis_key())
     except redis.RedisError:
@@ -142,10 +140,8 @@ def retention_due() -> bool:
 
 def _mark_finished() -> None:
     interval = int(settings.DOVECOTE_RETENTION_INTERVAL_SECONDS)
-    if interval <= 0 or not settings.REDIS_URL:
+    if interval <= 0:
         return
-    import redis
-
     # Should it fail, the next sweep runs a pass again: harmless.
     with contextlib.suppress(redis.RedisError):
         _redis().set(_redis_key(), "1", ex=interval)

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import redis
 from django.conf import settings
 from django.db import DatabaseError
 from django.db.models import DateTimeField, Exists, ExpressionWrapper, F, Min, OuterRef, Q, QuerySet
@@ -298,10 +299,6 @@ def _sweeper_key() -> str:
 
 def _record_last_run(finished: datetime) -> None:
     """When the last sweep finished: /readyz and /metrics show it, so a dead beat is seen."""
-    if not settings.REDIS_URL:
-        return
-    import redis
-
     try:
         connections.shared_redis().set(_sweeper_key(), finished.timestamp())
     except redis.RedisError as exc:
@@ -309,11 +306,7 @@ def _record_last_run(finished: datetime) -> None:
 
 
 def sweeper_last_run() -> datetime | None:
-    """When a sweep last finished (any process), or None if unknown (never, or no Redis)."""
-    if not settings.REDIS_URL:
-        return None
-    import redis
-
+    """When a sweep last finished (any process), or None if unknown (never, or Redis down)."""
     try:
         value = connections.shared_redis().get(_sweeper_key())
     except redis.RedisError:

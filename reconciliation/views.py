@@ -6,7 +6,6 @@ import hmac
 import logging
 
 from django.conf import settings
-from django.db import DatabaseError, connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -25,17 +24,12 @@ def healthz(request: HttpRequest) -> JsonResponse:
 
 def readyz(request: HttpRequest) -> JsonResponse:
     checks: dict[str, str] = {}
-    ok = True
-    try:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT 1")
-        checks["database"] = "ok"
-    except DatabaseError as exc:
-        ok, checks["database"] = False, f"unavailable: {type(exc).__name__}"
+    ok, detail = connections.check_database()
+    checks["database"] = "ok" if ok else f"unavailable: {detail}"
     broker_ok, detail = connections.check_broker()
     checks["broker"] = "ok" if broker_ok else f"unavailable: {detail}"
     ok = ok and broker_ok
-    if settings.REDIS_URL and connections.broker_kind(settings.CELERY_BROKER_URL) != "redis":
+    if connections.broker_kind(settings.CELERY_BROKER_URL) != "redis":
         # Another broker (RabbitMQ): Redis holds only the limiter and the wake-up keys. Shown,
         # but it does not make the process unready: the webhook still stores and answers.
         redis_ok, detail = connections.check_redis()

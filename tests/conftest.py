@@ -38,7 +38,6 @@ def _clean_redis() -> Iterator[None]:
     _delete_run_keys(client)
     ratelimit._storage.cache_clear()
     ratelimit._limiter.cache_clear()
-    ratelimit._local_pauses.clear()
     publishing.reset()
     yield
     # A webhook request's router wake-up leaves from a thread (bots.services): let it land

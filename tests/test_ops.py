@@ -29,6 +29,23 @@ def test_readyz_is_503_when_the_broker_is_unreachable(client: Client, settings) 
     assert response.json()["checks"]["broker"].startswith("unavailable")
 
 
+@pytest.mark.django_db(transaction=True)
+def test_readyz_is_503_when_postgresql_does_not_answer(client: Client) -> None:
+    from django.db import connection
+
+    port = connection.settings_dict["PORT"]
+    connection.close()
+    connection.settings_dict["PORT"] = 9  # nothing listens there
+    try:
+        response = client.get("/readyz")
+    finally:
+        connection.close()
+        connection.settings_dict["PORT"] = port
+    assert response.status_code == 503
+    assert response.json()["checks"]["database"] == "unavailable: OperationalError"
+    assert client.get("/readyz").json()["checks"]["database"] == "ok"  # the next ping reconnects
+
+
 def test_readyz_checks_a_rabbitmq_broker_and_redis_separately(client: Client, settings) -> None:
     from tests.conftest import RABBITMQ_URL
 

@@ -1,28 +1,13 @@
 """The Bot API calls of a handling, answered as Telegram would and journaled.
 
-Each call a handler makes while Dovecote handles one update gets the next ordinal of that
-handling, and its journal row (HandlerCall) is written before the call goes out. By kind:
+Each call a handler makes gets the next ordinal of its handling, and its journal row
+(HandlerCall) is written before the call goes out. A message-like call goes through the
+outbox, a read is called live, any other call through the effect ledger; getUpdates,
+setWebhook, deleteWebhook, logOut and close are refused.
 
-- a message-like call the outbox supports (sendMessage to a chat, an edit, ...) is written
-  to the outbox with its journal row in one transaction, under the key
-  ``call:<update_id>:<consumer>:<ordinal>``, and sent by this worker under the outbox's rules;
-  the handler gets the sent message (or Telegram's error) once the outbox has it;
-- a read (getChat, getFile, ...) is called live and its answer recorded;
-- any other call (answerCallbackQuery, banChatMember, ...) goes through the effect ledger,
-  at most once;
-- getUpdates, setWebhook, deleteWebhook, logOut and close are refused: they would fight
-  Dovecote's own delivery.
-
-A re-run of the handling (after a crash, a retry, a suspension) is answered from the journal:
-the same call at the same place gets the recorded answer and nothing is sent again. A call
-whose method or target differs from the journal's at its place means the handler is not
-deterministic: the run stops (`NotDeterministic`) before anything else is sent. A different
-text alone keeps the first answer, as the outbox's keys do.
-
-A call that cannot be answered now (the message waits for a rate-limit slot, a retry, an
-earlier message of its chat, an operator's decision on an unknown outcome) suspends the
-run (`Suspended`): it is deferred without spending an attempt, and its next run replays the
-journal up to that call.
+A re-run is answered from the journal; a call that differs from the journal's at its place
+stops the run (`NotDeterministic`); a call that cannot be answered now defers it
+(`Suspended`, no attempt spent). The reference, call by call: docs/PTB.md.
 """
 
 from __future__ import annotations

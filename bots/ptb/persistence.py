@@ -1,14 +1,11 @@
 """python-telegram-bot's persistence in PostgreSQL (HandlerData rows), per run.
 
 What a handling may read is loaded before it starts, for the update's user and chat only
-(python-telegram-bot's `refresh_*_data` hooks then fill the application's dicts from it);
-what it changed is collected by `update_*` calls (Application.update_persistence) and written
-in the transaction that marks the run done (bots/ptb/runner.py), so a crashed run resumes in
-the state it started from, and its re-run, replaying the journal, sees what the first saw.
-
-The bot's ConversationHandlers are made persistent when the application is loaded (each
-named after its place among the handlers, unless it has a name), so their states go the
-same way. Data must be JSON: a conversation's key is stored as its JSON list.
+(python-telegram-bot's `refresh_*_data` hooks fill the application's dicts from it); what it
+changed is collected by `update_*` calls and written in the transaction that marks the run
+done (bots/ptb/runner.py), so a crashed run resumes in the state it started from.
+ConversationHandlers are made persistent when the application is loaded; data must be JSON
+(a conversation's key is stored as its JSON list). More: docs/PTB.md.
 """
 
 from __future__ import annotations

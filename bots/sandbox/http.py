@@ -14,9 +14,10 @@ import re
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from bots.sandbox.methods import bot_call, record_error
@@ -26,14 +27,12 @@ from bots.sandbox.state import (
     ControlError,
     JSONDict,
     Limits,
+    SandboxState,
     chat_ref_to_int,
     opt_float,
     opt_int,
     status_phrase,
 )
-
-if TYPE_CHECKING:
-    from bots.sandbox.server import SandboxServer
 
 __all__ = ["SandboxHTTPServer", "json_bytes"]
 
@@ -273,13 +272,13 @@ class _Handler(BaseHTTPRequestHandler):
         except (OSError, ValueError):
             self._drop()
             return
-        sandbox: SandboxServer = self.server.sandbox
+        state = self.server.state
         if path.startswith(_CONTROL_PREFIX):
-            self._control(sandbox, path[len(_CONTROL_PREFIX) :].strip("/"), split.query, body)
+            self._control(path[len(_CONTROL_PREFIX) :].strip("/"), split.query, body)
             return
         download = _FILE_PATH_RE.fullmatch(path)
         if download is not None:
-            content = sandbox.state.file_content(unquote(download.group(1)), unquote(download.group(2)))
+            content = state.file_content(unquote(download.group(1)), unquote(download.group(2)))
             if content is None:
                 self._respond(404, {"ok": False, "error_code": 404, "description": "Not Found"})
             else:
@@ -294,9 +293,9 @@ class _Handler(BaseHTTPRequestHandler):
             params = _decode_params(split.query, body, self.fields.get("content-type", ""))
         except (ValueError, UnicodeDecodeError):
             error = ApiError(400, "Bad Request: can't parse request parameters")
-            outcome = record_error(sandbox.state, token, method, arrived, error)
+            outcome = record_error(state, token, method, arrived, error)
         else:
-            outcome = bot_call(sandbox.state, token, method, params, arrived)
+            outcome = bot_call(state, token, method, params, arrived)
         if outcome.body is None:
             self._drop()
             return
@@ -305,10 +304,10 @@ class _Handler(BaseHTTPRequestHandler):
         self._respond(outcome.status, outcome.body)
 
     # ------------------------------------------------------------- control API
-    def _control(self, sandbox: SandboxServer, route: str, query: str, body: bytes) -> None:
+    def _control(self, route: str, query: str, body: bytes) -> None:
         verb = self.command
         args = dict(parse_qsl(query))
-        state = sandbox.state
+        state = self.server.state
         try:
             spec = json.loads(body) if body.strip() else {}
             if not isinstance(spec, dict):
@@ -360,7 +359,7 @@ class _Handler(BaseHTTPRequestHandler):
                     current = asdict(state.limits)
                 self._respond(200, current)
             elif route == "updates" and verb == "POST":
-                self._respond(200, sandbox.push_update(spec))
+                self._respond(200, self.server.push_update(spec))
             elif route == "updates" and verb == "GET":
                 self._respond(200, {"updates": state.list_pushed(args.get("token") or None)})
             else:
@@ -377,8 +376,16 @@ class SandboxHTTPServer(ThreadingHTTPServer):
     block_on_close = False
     request_queue_size = 128  # benchmarks open many connections at once
 
-    def __init__(self, address: tuple[str, int], sandbox: SandboxServer) -> None:
-        self.sandbox = sandbox
+    def __init__(
+        self,
+        address: tuple[str, int],
+        state: SandboxState,
+        push_update: Callable[[JSONDict], JSONDict],
+    ) -> None:
+        # Pushing an update delivers webhooks, which the server above owns; it is handed in
+        # so this module does not import the server.
+        self.state = state
+        self.push_update = push_update
         self._connections: set[socket.socket] = set()
         self._connections_lock = threading.Lock()
         super().__init__(address, _Handler)

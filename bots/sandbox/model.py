@@ -2,15 +2,11 @@
 `POST .../chat/completions` after a set delay, and counts the calls in flight (now and at
 peak) so that a test can see how many model calls a worker holds at once.
 
-One asyncio server in a daemon thread: hundreds of calls in flight cost it nothing (a
-thread per call, as http.server does, would be what is measured). What it does is set on
-the object (`delay`, `mode`, `status`) or over HTTP (`POST /control` with those fields);
-`GET /stats` reads the counts.
-
-Modes: "answer" (after `delay`), "hang" (never answers: the caller's time limit is what is
-tested), "status" (answers `status` at once, 429 or 5xx for instance). Whatever the mode, a
-last user message starting with "hang" is never answered, and one starting with "slow" is
-answered after three times the delay: a test mixes them with ordinary ones.
+One asyncio server in a daemon thread, so that hundreds of calls in flight cost it nothing.
+Set `delay`, `mode` and `status` on the object or with `POST /control`; `GET /stats` reads
+the counts. Modes: "answer" (after `delay`), "hang" (never answers), "status" (answers
+`status` at once). A last user message starting with "hang" is never answered, one starting
+with "slow" after three times the delay.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ and its webhook deliveries."""
 
 from __future__ import annotations
 
-import sys
+import runpy
 import threading
 from urllib.parse import urlsplit
 
@@ -60,7 +60,7 @@ class SandboxServer:
     def bind(self) -> None:
         """Create the listening socket (idempotent); afterwards ``port`` is the real port."""
         if self._httpd is None:
-            self._httpd = SandboxHTTPServer((self.host, self.port), self)
+            self._httpd = SandboxHTTPServer((self.host, self.port), self.state, self.push_update)
             self.port = self._httpd.server_address[1]
 
     def start(self) -> SandboxServer:
@@ -162,7 +162,6 @@ class SandboxServer:
 
 
 if __name__ == "__main__":
-    # ``python -m bots.sandbox.server`` predates bots/sandbox/cli.py; keep it working.
-    from bots.sandbox.cli import main
-
-    main(sys.argv[1:])
+    # ``python -m bots.sandbox.server`` predates bots/sandbox/cli.py and still works; the
+    # command line sits above this module, so it is run by name rather than imported.
+    runpy.run_module("bots.sandbox.cli", run_name="__main__", alter_sys=True)

@@ -272,7 +272,6 @@ def _forget_redis_clients() -> None:
     ratelimit._scripts.cache_clear()
     ratelimit._take_now_script.cache_clear()
     wakeups._nudge_if_held_script.cache_clear()
-    ratelimit._local_pauses.clear()
     publishing.reset()
 
 
