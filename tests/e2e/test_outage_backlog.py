@@ -8,6 +8,8 @@ chat's 1/s once the rest had gone, the bot's other slots unused."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from outbox.models import Attempt, Circuit, CircuitState, OutboundMessage, State
@@ -21,6 +23,7 @@ PER_CHAT = 3
 # Longer than the outage lasts here, as a backoff grows in a longer one: each failed reply
 # still waits it out when the circuit closes.
 RETRY_BASE_SECONDS = "60"
+OUTAGE_SECONDS = 3.0
 
 
 def _replies(bot, chats: list[int], numbers: range) -> list[dict]:
@@ -56,6 +59,9 @@ def test_after_an_outage_the_replies_it_failed_go_first_and_the_rest_in_the_orde
     failed = set(Attempt.objects.filter(message__bot=bot).values_list("message__chat_id", flat=True))
     assert len(failed) >= 10  # the failures that opened it
     outbound_messages_enqueue(_replies(bot, early, range(1, PER_CHAT)) + _replies(bot, later, range(PER_CHAT)))
+    # The outage lasts a few seconds more: longer than the turn of its chat each failed
+    # request took (Telegram may have counted it).
+    time.sleep(OUTAGE_SECONDS)
 
     sandbox.clear_faults()
     total = (len(early) + len(later)) * PER_CHAT
