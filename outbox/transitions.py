@@ -390,20 +390,25 @@ def make_due(message_id: int, *, now: datetime) -> bool:
 
 
 def make_outage_retries_due(bot_id: int, *, now: datetime) -> tuple[int, int]:
-    """retry -> retry, due now, for the bot's messages whose last attempt the outage failed
-    (a transient error, an auth refusal) and whose backoff still runs: its circuit just
-    closed, so that wait no longer stands for anything. Never before a message's send_at.
-    Returns how many replies and how many broadcast messages were made due."""
+    """retry -> retry, due again when first due (its send_at, else when written), for the
+    bot's messages whose last attempt the outage failed (a transient error, an auth refusal):
+    its circuit just closed, so their backoff no longer stands for anything. Due now, they
+    would queue behind everything written before the close (the drain takes the oldest due
+    first), their chats' later messages with them. Never before a message's send_at.
+    Returns how many replies and how many broadcast messages were moved."""
     from django.db.models import Q
+    from django.db.models.functions import Coalesce
 
-    outage = OutboundMessage.objects.filter(
-        bot_id=bot_id,
-        state=State.RETRY,
-        last_error_class__in=[ErrorClass.TRANSIENT, ErrorClass.AUTH],
-        next_attempt_at__gt=now,
-    ).filter(Q(send_at__isnull=True) | Q(send_at__lte=now))
-    replies = outage.filter(broadcast="").update(next_attempt_at=now)
-    return replies, outage.exclude(broadcast="").update(next_attempt_at=now)
+    first_due = Greatest("created_at", Coalesce("send_at", "created_at"))
+    outage = (
+        OutboundMessage.objects.filter(
+            bot_id=bot_id, state=State.RETRY, last_error_class__in=[ErrorClass.TRANSIENT, ErrorClass.AUTH]
+        )
+        .filter(Q(send_at__isnull=True) | Q(send_at__lte=now))
+        .filter(next_attempt_at__gt=first_due)
+    )
+    replies = outage.filter(broadcast="").update(next_attempt_at=first_due)
+    return replies, outage.exclude(broadcast="").update(next_attempt_at=first_due)
 
 
 def defer(message_id: int, *, until: datetime) -> bool:

@@ -10,8 +10,8 @@ an open circuit whose task was lost.
 
 When the circuit closes (a probe, or any send, succeeded; an operator resumed it), or a
 success ends failures too few to open it, the retries the outage scheduled are made due
-now and the bot's drain is woken: the backlog leaves at the rate limiter's pace, not at
-the sweeper's ticks.
+again where they stood in the queue and the bot's drain is woken: the backlog leaves in
+the order it was written, at the rate limiter's pace, not at the sweeper's ticks.
 """
 
 from __future__ import annotations
@@ -86,8 +86,9 @@ def bot_circuit_probe(bot_id: int) -> str:
 def release_backlog(bot_id: int, *, was_open: bool = True) -> int:
     """The bot's circuit closed (`was_open`), or a success ended failures too few to open
     it: the retries its outage scheduled (a transient failure, or the auth refusal) are due
-    now, and the drains send them at the bot's rate (after a close, also what fell due while
-    it was open). Returns how many were made due."""
+    again, when first due (transitions.make_outage_retries_due), and the drains send them at
+    the bot's rate (after a close, also what fell due while it was open). Returns how many
+    were made due."""
     replies, broadcasts = transitions.make_outage_retries_due(bot_id, now=timezone.now())
     if was_open or replies:
         dispatch.wake_drain(bot_id)
