@@ -21,7 +21,7 @@ from datetime import timedelta
 from django.conf import settings
 from django.utils import timezone
 
-from core import wakeups
+from core import rows, wakeups
 from core.failpoints import failpoint, uncommitted
 from core.logs import current_trace_id
 from core.workers import worker_id
@@ -118,7 +118,7 @@ def outbound_messages_drain(bot_id: int, *, batch_size: int | None = None, extra
         report.batches += 1
         full = len(messages) == size
         for message in messages:
-            message._state.fields_cache["bot"] = bot
+            rows.attach_related(message, "bot", bot)
         ready = _drop_expired_and_vetoed(messages, worker=worker, report=report)
         # `held`: until when (time.monotonic()) the bot can take no more sends, or None.
         go, held = _take_slots(bot, ready, worker=worker, report=report)
@@ -577,7 +577,7 @@ def _drain_broadcasts(bot_id: int, *, worker: str, report: DrainReport, permits:
         failpoint("after_claim")
         report.batches += 1
         for message in messages:
-            message._state.fields_cache["bot"] = bot
+            rows.attach_related(message, "bot", bot)
         ready = _drop_expired_and_vetoed(messages, worker=worker, report=report)
         go, held, entries = _take_turns(bot, ready, worker=worker, report=report, bulk=True)
         dirty = circuit is not None and not (circuit.state == CircuitState.CLOSED and circuit.consecutive_failures == 0)
@@ -659,7 +659,7 @@ def _send_now(bot, message_ids: list[int], written_claimed: dict[int, OutboundMe
     if messages:
         failpoint("after_claim")
     for message in messages:
-        message._state.fields_cache["bot"] = bot
+        rows.attach_related(message, "bot", bot)
     report = DrainReport()
     ready = _drop_expired_and_vetoed(messages, worker=worker, report=report)
     go, held, entries = _take_turns(bot, ready, worker=worker, report=report)
