@@ -1,6 +1,8 @@
-"""Inserting rows once, in one statement: the hot paths' `INSERT … ON CONFLICT DO NOTHING`
-(the webhook's update, a one-message enqueue, a routed update's consumer runs); no SELECT
-first, no savepoint."""
+"""The hot paths' rows: inserting them once, in one statement (`INSERT … ON CONFLICT DO
+NOTHING`: the webhook's update, a one-message enqueue, a routed update's consumer runs; no
+SELECT first, no savepoint), running the apps' fixed statements (`fetch`, `execute`, on
+Django's cursor, prepared once per connection), and building instances from their rows as the
+ORM would (`from_row`, `new`, `attach_related`)."""
 
 from __future__ import annotations
 
