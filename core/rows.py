@@ -143,10 +143,11 @@ def attach_related(instance: Model, name: str, related: Model | None) -> None:
     reading `instance.<name>` costs no query. Why not the ORM's own way: the hot paths read
     the related row in their own statement (a message and its bot), or hold it already (the
     drain's bot, for every message it claims), and a queryset's select_related would compile
-    a query, or the descriptor's assignment check the instance, for each. The one place the
-    outbox touches a model's relation cache; tests/test_rows.py holds it to select_related's
-    result."""
-    instance._meta.get_field(name).set_cached_value(instance, related)  # type: ignore[union-attr]
+    a query, or the descriptor's assignment check the instance, for each. The cache is written
+    as the field's set_cached_value writes it (a forward relation's cache name is its name),
+    without looking the field up per row. The one place the apps touch a model's relation
+    cache; tests/test_rows.py holds it to select_related's result."""
+    instance._state.fields_cache[name] = related
 
 
 M = TypeVar("M", bound=Model)
