@@ -55,6 +55,7 @@ def _blocked(alias: str, earlier: str, now: str) -> str:
           AND (e.state IN ({_states(State.RETRY, State.SENDING)}) OR e.send_at IS NULL OR e.send_at <= {now})))"""  # noqa: S608
 
 
+@cache
 def blocked(alias: str) -> str:
     """SQL true when the row `alias` must wait for an earlier message of its chat
     (outbox/chat_order.py). Takes one parameter, now."""
