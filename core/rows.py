@@ -1,24 +1,23 @@
-"""Inserting rows once, in one statement: the hot paths' `INSERT … ON CONFLICT DO NOTHING`
-(the webhook's update, a one-message enqueue, a routed update's consumer runs); no SELECT
-first, no savepoint."""
+"""The hot paths' rows: inserting them once, in one statement (`INSERT … ON CONFLICT DO
+NOTHING`: the webhook's update, a one-message enqueue, a routed update's consumer runs; no
+SELECT first, no savepoint), running the apps' fixed statements (`fetch`, `execute`, on
+Django's cursor, prepared once per connection), and building instances from their rows as the
+ORM would (`from_row`, `new`, `attach_related`)."""
 
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, date, datetime
+from datetime import date, datetime
 from functools import cache, partial
 from operator import itemgetter
 from typing import Any, TypeVar
 
 import orjson
-import psycopg
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.models import FloatField, JSONField, Model, signals
 from django.db.models.base import ModelState
-from psycopg import postgres, pq
 
 
 @cache
@@ -116,25 +115,39 @@ def selected_columns(model: type[Model], alias: str) -> str:
 
 
 @cache
-def _row_plan(model: type[Model]) -> list[tuple[Any, list[Callable[..., Any]]]]:
-    """Each concrete field's column expression and the converters the ORM applies to it."""
+def _row_plan(model: type[Model]) -> list[tuple[int, Any, list[Callable[..., Any]]]]:
+    """The concrete fields whose values the ORM converts as it reads them (a JSONField's text
+    decoded): their place in a row, their column expression and those converters."""
     plan = []
-    for f in model._meta.concrete_fields:
+    for i, f in enumerate(model._meta.concrete_fields):
         col = f.get_col(model._meta.db_table)
-        plan.append((col, connection.ops.get_db_converters(col) + f.get_db_converters(connection)))
+        converters = connection.ops.get_db_converters(col) + f.get_db_converters(connection)
+        if converters:
+            plan.append((i, col, converters))
     return plan
 
 
-def from_row(model: type[Model], values: tuple[Any, ...]) -> Model:
+def from_row(model: type[Model], values: tuple[Any, ...] | list[Any]) -> Model:
     """An instance of `model` from a fixed statement's `selected_columns`, as a queryset
-    builds it (each field's converters applied: a JSONField's text decoded), without the
-    queryset's compile, which cost more than the hot path's reads themselves."""
-    converted = []
-    for value, (col, converters) in zip(values, _row_plan(model), strict=True):
+    builds it (each field's converters applied, then Model.from_db), without the queryset's
+    compile, which cost more than the hot path's reads themselves."""
+    converted = list(values)
+    for i, col, converters in _row_plan(model):
         for convert in converters:
-            value = convert(value, col, connection)
-        converted.append(value)
+            converted[i] = convert(converted[i], col, connection)
     return model.from_db(DEFAULT_DB_ALIAS, None, converted)
+
+
+def attach_related(instance: Model, name: str, related: Model | None) -> None:
+    """Cache `related` as `instance`'s foreign key `name`, as select_related(name) does, so that
+    reading `instance.<name>` costs no query. Why not the ORM's own way: the hot paths read
+    the related row in their own statement (a message and its bot), or hold it already (the
+    drain's bot, for every message it claims), and a queryset's select_related would compile
+    a query, or the descriptor's assignment check the instance, for each. The cache is written
+    as the field's set_cached_value writes it (a forward relation's cache name is its name),
+    without looking the field up per row. The one place the apps touch a model's relation
+    cache; tests/test_rows.py holds it to select_related's result."""
+    instance._state.fields_cache[name] = related
 
 
 M = TypeVar("M", bound=Model)
@@ -152,14 +165,14 @@ def new(model: type[M], /, **values: Any) -> M:
     if plan is None or not values.keys() <= plan.names:
         return model(**values)
     row = model.__new__(model)
-    state = row._state = ModelState()
+    row._state = ModelState()
     fields = row.__dict__
     for attname, name, default, relation in plan.fields:
         if relation is not None and name in values:
             related = values[name]
             target, reverse = relation
             fields[attname] = None if related is None else getattr(related, target)
-            state.fields_cache[name] = related
+            attach_related(row, name, related)
             if reverse is not None and related is not None:
                 reverse.set_cached_value(related, row)
         elif attname in values:
@@ -194,30 +207,17 @@ def _new_plan(model: type[Model]) -> _NewPlan | None:
     return _NewPlan(fields, frozenset(names))
 
 
-def fetch(sql: str, params: list[Any], *, async_commit: bool = False) -> list[tuple[Any, ...]]:
+def fetch(sql: str, params: list[Any] | dict[str, Any], *, async_commit: bool = False) -> list[tuple[Any, ...]]:
     """Run one of the hot paths' fixed statements (the claims, the attempt rows, the marks)
-    and fetch its rows: its parameters bound server-side and, on a direct connection, the
-    statement prepared on its first run in each connection, since planning those statements cost
-    PostgreSQL more than running them. Behind a transaction pooler (DATABASE_POOLER=transaction)
-    nothing is prepared (see project/settings.py). `async_commit`: see `_execute`."""
-    return _execute(connections[DEFAULT_DB_ALIAS], sql, params, prepare=True, async_commit=async_commit)[0]
+    and fetch its rows, through Django's cursor with its parameters bound server-side and, on a
+    direct connection, the statement prepared on its first run in each connection
+    (project/postgresql `prepared_cursor`). `async_commit`: see `_execute`."""
+    return _execute(connections[DEFAULT_DB_ALIAS], sql, params, async_commit=async_commit)[0]
 
 
-def execute(sql: str, params: list[Any], *, async_commit: bool = False) -> int:
+def execute(sql: str, params: list[Any] | dict[str, Any], *, async_commit: bool = False) -> int:
     """`fetch` for a statement without rows: how many rows it changed."""
-    db = connections[DEFAULT_DB_ALIAS]
-    return _execute(db, sql, params, prepare=True, rows=False, async_commit=async_commit)[1]
-
-
-# psycopg's own timestamptz loader, in C when its binary build is installed: far cheaper than
-# the loader Django registers on every connection (a subclass in Python of psycopg's Python
-# loader, so that a time zone other than the connection's can be forced), and the hot path
-# reads many timestamps. It gives the connection's time zone, which Django sets to UTC when
-# its own is UTC (`db.timezone`): the same values as Django's.
-_TIMESTAMPTZ_OID = postgres.types["timestamptz"].oid
-_TIMESTAMPTZ_C = psycopg.adapters.get_loader(_TIMESTAMPTZ_OID, pq.Format.TEXT)
-if _TIMESTAMPTZ_C is None or not _TIMESTAMPTZ_C.__module__.startswith("psycopg_"):
-    _TIMESTAMPTZ_C = None  # psycopg's pure Python build: nothing faster to swap in
+    return _execute(connections[DEFAULT_DB_ALIAS], sql, params, rows=False, async_commit=async_commit)[1]
 
 
 # A statement and its parameters, run before another in its transaction (`_execute`'s `before`).
@@ -232,50 +232,46 @@ def _execute(
     sql: str,
     params: list[Any] | dict[str, Any],
     *,
-    prepare: bool = False,
     rows: bool = True,
     async_commit: bool = False,
     lists_as_text: bool = True,
     before: Statement | None = None,
 ) -> tuple[list[tuple[Any, ...]], int]:
-    """Run one statement: (its rows, its row count), its parameters bound server-side;
-    `prepare` names the statement (a no-op when the connection's prepare_threshold is None).
-    Django's error translation and broken-transaction check still apply.
+    """Run one statement on Django's prepared cursor (`prepared_cursor`): (its rows, its row
+    count).
 
     `async_commit`: run on its own, the statement commits without waiting for the disk; for a
     write that is redone when lost, since a later synchronous commit (the attempt row before any
     request) has it on disk first. `lists_as_text`: lists of ints or bools go as array text.
     `before`: a statement run first in the same transaction and round trip (a lock the
-    statement's reads must come after). Why: docs/DESIGN.md."""
-    db.close_if_health_check_failed()
-    db.ensure_connection()
-    db.validate_no_broken_transaction()
-    started = time.monotonic()
+    statement's reads must come after). The statements run first are not in Django's query
+    log; the statement's text there (and as sent) says they ran. Why: docs/DESIGN.md."""
     if lists_as_text and isinstance(params, dict):
         params = {k: _array_text(v) for k, v in params.items()}
     elif lists_as_text:
         params = [_array_text(v) for v in params]
-    with db.wrap_database_errors, psycopg.Cursor(db.connection) as cursor:
-        if rows and db.timezone is UTC and _TIMESTAMPTZ_C is not None:  # not worth it without rows to read
-            cursor.adapters.register_loader(_TIMESTAMPTZ_OID, _TIMESTAMPTZ_C)
+    with db.prepared_cursor(fast_times=rows) as cursor:
         commit_async = async_commit and db.get_autocommit() and not db.in_atomic_block
         if commit_async or before is not None:
-            with db.connection.pipeline():
+            # One round trip: the statements first, then this one, as one entry in the query log.
+            db.validate_no_broken_transaction()
+            with db.wrap_database_errors, db.connection.pipeline():
                 if commit_async:
-                    db.connection.execute(_ASYNC_COMMIT_SQL, prepare=prepare)
+                    db.connection.execute(_ASYNC_COMMIT_SQL, prepare=True)
                 if before is not None:
-                    db.connection.execute(before[0], [_array_text(v) for v in before[1]], prepare=prepare)
-                cursor.execute(sql, params, prepare=prepare)
-            # One round trip: one entry in the query log, the statement first.
-            sql = f"{sql} /* after {before[0]} */" if before is not None else sql
-            sql = f"{sql} /* async commit */" if commit_async else sql
+                    db.connection.execute(before[0], [_array_text(v) for v in before[1]], prepare=True)
+                    sql = _noted(sql, f"after {before[0]}")
+                cursor.execute(_noted(sql, "async commit") if commit_async else sql, params)
         else:
-            cursor.execute(sql, params, prepare=prepare)
-        fetched = cursor.fetchall() if rows else []
-        count = cursor.rowcount
-    if db.queries_logged:  # as Django's debug cursor: DEBUG's query log, the tests' query counts
-        db.queries_log.append({"sql": sql, "time": f"{time.monotonic() - started:.3f}"})
-    return fetched, count
+            cursor.execute(sql, params)
+        return (cursor.fetchall() if rows else []), cursor.rowcount
+
+
+@cache
+def _noted(sql: str, note: str) -> str:
+    """`sql` with a comment that names what ran before it in its round trip; a % in the note
+    escaped, so that the comment takes no parameter."""
+    return f"{sql} /* {note.replace('%', '%%')} */"
 
 
 def _array_text(value: Any) -> Any:
@@ -302,7 +298,7 @@ def insert_once(
     db = connections[DEFAULT_DB_ALIAS]  # the thread's own wrapper: no proxy lookup per field
     params = [f.get_db_prep_save(f.pre_save(row, True), db) for f in _fields(model)]
     sql = _sql(model, unique)
-    inserted = _execute(db, sql, params, prepare=True, async_commit=async_commit, lists_as_text=False, before=before)[0]
+    inserted = _execute(db, sql, params, async_commit=async_commit, lists_as_text=False, before=before)[0]
     if not inserted:
         return False
     row.pk = inserted[0][0]
@@ -333,7 +329,7 @@ def insert_values_once(model: type[Model], values: dict[str, Any], *, unique: tu
             continue
         value = values[attname]
         params.append(value if encode is None or isinstance(value, JSONText) or value is None else encode(value))
-    inserted = _execute(db, _sql(model, unique), params, prepare=True, lists_as_text=False)[0]
+    inserted = _execute(db, _sql(model, unique), params, lists_as_text=False)[0]
     return inserted[0][0] if inserted else None
 
 
@@ -366,7 +362,7 @@ def insert_many_once(
     model = type(rows[0])
     db = connections[DEFAULT_DB_ALIAS]
     sql = _sql_columns(model, unique)
-    fetched = _execute(db, sql, [_rows_json(rows)], prepare=True, async_commit=async_commit, before=before)[0]
+    fetched = _execute(db, sql, [_rows_json(rows)], async_commit=async_commit, before=before)[0]
     return _saved(db, rows, unique, fetched)
 
 
@@ -395,7 +391,7 @@ def insert_many_computed(
     db = connections[DEFAULT_DB_ALIAS]
     sql = _sql_computed(model, unique, tuple(computed.items()), lateral, returning)
     values = {**(params or {}), "row": _rows_json(rows)}
-    fetched = _execute(db, sql, values, prepare=True, async_commit=async_commit, before=before)[0]
+    fetched = _execute(db, sql, values, async_commit=async_commit, before=before)[0]
     by_key = {tuple(found[1 : 1 + len(unique)]): (found[0], *found[1 + len(unique) :]) for found in fetched}
     _saved(db, rows, unique, [found[: 1 + len(unique)] for found in fetched])
     return [by_key.pop(_unique_values(db, row, unique), None) for row in rows]  # first with a key, as _saved
@@ -417,7 +413,7 @@ def insert_fanned_out(
         return []
     sql = _sql_fanned_out(model, unique, columns)
     db = connections[DEFAULT_DB_ALIAS]
-    return _execute(db, sql, [_rows_json([template]), orjson.dumps(values).decode()], prepare=True)[0]
+    return _execute(db, sql, [_rows_json([template]), orjson.dumps(values).decode()])[0]
 
 
 @cache
@@ -468,9 +464,9 @@ def insert_many_with(
     db = connections[DEFAULT_DB_ALIAS]
     model = type(rows[0]) if rows else None
     if model is None:
-        return {marked for marked, *_ in _execute(db, mark, mark_params, prepare=True, async_commit=async_commit)[0]}
+        return {marked for marked, *_ in _execute(db, mark, mark_params, async_commit=async_commit)[0]}
     sql, params = _sql_with(model, unique, mark, of), [*mark_params, _rows_json(rows)]
-    fetched = _execute(db, sql, params, prepare=True, async_commit=async_commit)[0]
+    fetched = _execute(db, sql, params, async_commit=async_commit)[0]
     _saved(db, rows, unique, [row[1:] for row in fetched if row[1] is not None])
     return {row[0] for row in fetched}
 

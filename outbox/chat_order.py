@@ -4,9 +4,10 @@ An ordered message may be sent only when no earlier ordered message (smaller id)
 bot and chat is still open: `retry`, `sending`, or `pending` and due (a `send_at` in the future
 does not hold the chat up). `unknown`, `failed`, `cancelled` and `sent` never block; unordered
 messages never wait and never block. Every path that chooses what to send next uses this
-module, so the rule is written once. Every write of an ordered message takes its chat's write
-lock first (`write_lock`), so a check never misses an earlier uncommitted message. Why:
-docs/DESIGN.md."""
+module or its SQL (outbox/sql.py `blocked`), so the rule is written once. Every write of an
+ordered message takes its chat's write lock first (`write_lock`, in key order: two writers of
+the same chats never wait for each other in a circle), so a check never misses an earlier
+uncommitted message. Why: docs/DESIGN.md."""
 
 from __future__ import annotations
 
@@ -18,34 +19,16 @@ from django.db import connection
 from django.db.models import BooleanField, QuerySet
 from django.db.models.expressions import RawSQL
 
+from outbox import sql
 from outbox.models import OutboundMessage
 
 _TABLE = OutboundMessage._meta.db_table
 
 
-def blocked_sql(alias: str) -> str:
-    """SQL that is true when the row `alias` must wait for an earlier message of its chat.
-    Takes one parameter, now."""
-    return _blocked(alias, f"AND e.id < {alias}.id", "%s")
-
-
-def blocked_new_sql(alias: str, now: str) -> str:
-    """`blocked_sql` for a row about to be written (`alias`, not in the table yet): every
-    message of its chat is earlier than it. `now` is the SQL of the current time (a named
-    parameter)."""
-    return _blocked(alias, "", now)
-
-
-def _blocked(alias: str, earlier: str, now: str) -> str:
-    return f"""({alias}.ordered AND EXISTS (
-        SELECT 1 FROM {_TABLE} e WHERE e.bot_id = {alias}.bot_id AND e.chat_id = {alias}.chat_id
-          {earlier} AND e.ordered AND e.state IN ('pending', 'retry', 'sending')
-          AND (e.state IN ('retry', 'sending') OR e.send_at IS NULL OR e.send_at <= {now})))"""  # noqa: S608
-
-
 def blocked_expression(now: datetime) -> RawSQL:
-    """`blocked_sql` as an ORM expression on OutboundMessage querysets."""
-    return RawSQL(blocked_sql(_TABLE), [now], output_field=BooleanField())  # noqa: S611 - no input in the SQL
+    """The rule (outbox/sql.py `blocked`, its SQL) as an ORM expression on OutboundMessage
+    querysets: true when the message must wait for an earlier one of its chat."""
+    return RawSQL(sql.blocked(_TABLE), [now], output_field=BooleanField())  # noqa: S611 - no input in the SQL
 
 
 def heads(qs: QuerySet[OutboundMessage], *, now: datetime) -> QuerySet[OutboundMessage]:
@@ -59,9 +42,6 @@ def is_blocked(message: OutboundMessage, *, now: datetime) -> bool:
     return bool(rows.values_list("blocked", flat=True).first())
 
 
-# Held until the writer's transaction ends; taken in key order, so two writers of the same
-# chats never wait for each other in a circle.
-_WRITE_LOCK_SQL = "SELECT pg_advisory_xact_lock(k) FROM unnest(%s::bigint[]) AS k"
 _U64 = (1 << 64) - 1
 
 
@@ -76,11 +56,11 @@ def write_lock(messages: Iterable[OutboundMessage]) -> tuple[str, list[Any]] | N
     """The statement that takes the write locks of these messages' chats, to run before their
     insert in its transaction (core/rows.py `before`), or None when none is ordered."""
     keys = sorted({chat_lock_key(m.bot_id, m.chat_id) for m in messages if m.ordered and m.chat_id is not None})
-    return (_WRITE_LOCK_SQL, [keys]) if keys else None
+    return (sql.CHAT_WRITE_LOCK, [keys]) if keys else None
 
 
 def lock_chat(*, bot_id: int, chat_id: int) -> None:
     """Take a chat's write lock in the current transaction (an atomic block that writes its
     ordered messages through the ORM)."""
     with connection.cursor() as cursor:
-        cursor.execute(_WRITE_LOCK_SQL, [[chat_lock_key(bot_id, chat_id)]])
+        cursor.execute(sql.CHAT_WRITE_LOCK, [[chat_lock_key(bot_id, chat_id)]])

@@ -64,17 +64,6 @@ def bot_scope(bot_id: int) -> str:
     return f"{BOT_PREFIX}{bot_id}"
 
 
-def not_closed_sql(scope: str) -> str:
-    """SQL true when the circuit of `scope` (SQL: a parameter or an expression) is not
-    closed: what holds every send of its bot but a probe."""
-    return f"EXISTS (SELECT 1 FROM {Circuit._meta.db_table} c WHERE c.scope = {scope} AND c.state <> 'closed')"  # noqa: S608
-
-
-def has_failures_sql(scope: str) -> str:
-    """SQL true when the circuit of `scope` has failures counted, which a success must reset."""
-    return f"EXISTS (SELECT 1 FROM {Circuit._meta.db_table} c WHERE c.scope = {scope} AND c.consecutive_failures > 0)"  # noqa: S608
-
-
 def consumer_scope(name: str) -> str:
     """The scope of a consumer's endpoint."""
     return f"{CONSUMER_PREFIX}{name}"

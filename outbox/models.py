@@ -159,6 +159,10 @@ class OutboundMessage(models.Model):
         return f"{self.method} to {self.chat_id} [{self.state}]"
 
 
+# Attempt.outcome of a request Telegram answered with success (else the error class).
+ATTEMPT_OK = "ok"
+
+
 class Attempt(models.Model):
     """One request to the Bot API, written before the request goes out."""
 

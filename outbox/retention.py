@@ -18,6 +18,7 @@ from django.db import connection, transaction
 from django.db.models import CASCADE, DO_NOTHING, SET_NULL, Exists, Model, OuterRef, QuerySet, signals
 from django.utils import timezone
 
+from outbox import sql
 from outbox.idempotency import idempotency_cutoff
 from outbox.models import DeadLetter, DeadLetterStatus, Effect, EffectState, IdempotencyRecord, OutboundMessage, State
 
@@ -154,24 +155,19 @@ def _fast_deletable(model: type[Model], seen: set[type[Model]]) -> bool:
 
 
 def _delete_pg(cursor: Any, model: type[Model], ids: list[int]) -> int:
-    table = connection.ops.quote_name(model._meta.db_table)
-    pk = connection.ops.quote_name(model._meta.pk.column)
     for rel in model._meta.related_objects:
-        related = rel.related_model
-        rel_table = connection.ops.quote_name(related._meta.db_table)
-        column = connection.ops.quote_name(rel.field.column)
+        related, column = rel.related_model, rel.field.column
         if rel.on_delete is SET_NULL:
-            cursor.execute(f"UPDATE {rel_table} SET {column} = NULL WHERE {column} = ANY(%s)", [ids])  # noqa: S608
+            cursor.execute(sql.set_null(related, column), [ids])
         elif rel.on_delete is CASCADE:
             if related._meta.related_objects:
-                rel_pk = connection.ops.quote_name(related._meta.pk.column)
-                cursor.execute(f"SELECT {rel_pk} FROM {rel_table} WHERE {column} = ANY(%s)", [ids])  # noqa: S608
+                cursor.execute(sql.ids_where(related, column), [ids])
                 children = [row[0] for row in cursor.fetchall()]
                 if children:
                     _delete_pg(cursor, related, children)
             else:
-                cursor.execute(f"DELETE FROM {rel_table} WHERE {column} = ANY(%s)", [ids])  # noqa: S608
-    cursor.execute(f"DELETE FROM {table} WHERE {pk} = ANY(%s)", [ids])  # noqa: S608
+                cursor.execute(sql.delete_where(related, column), [ids])
+    cursor.execute(sql.delete_where(model, model._meta.pk.column), [ids])
     return cursor.rowcount
 
 

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
-from functools import cache
 
-from django.db import connection
-from django.db.models import JSONField, Model
+from django.db.models import Model
 from django.utils import timezone
 
 from core import rows
-from outbox import chat_order, circuits
+from outbox import chat_order, circuits, sql
 from outbox.models import Circuit, OutboundMessage, State
 from outbox.splitting import MAX_PARTS, part_key
 
@@ -59,12 +56,8 @@ def next_open_messages_in_chats(sent: list[tuple[int, int, int]]) -> dict[int, i
     the reply would wait for the sweeper. After the commit, either this look sees the reply
     or the reply's look sees its head sent."""
     now = timezone.now()
-    table = OutboundMessage._meta.db_table
     found = rows.fetch(
-        f"""SELECT v.id, (SELECT h.id FROM {table} h WHERE h.bot_id = v.bot_id AND h.chat_id = v.chat_id
-                   AND h.state IN ('pending', 'retry') AND h.next_attempt_at <= %s
-                   AND NOT {chat_order.blocked_sql("h")} ORDER BY h.id LIMIT 1)
-            FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[]) AS v(id, bot_id, chat_id)""",  # noqa: S608
+        sql.NEXT_OPEN_IN_CHATS,
         [now, now, [m for m, _, _ in sent], [b for _, b, _ in sent], [c for _, _, c in sent]],
     )
     return dict(found)
@@ -75,18 +68,11 @@ def outbound_message_for_send(message_id: int, *, now: datetime) -> OutboundMess
     path (see bench/drain_rate.py). Annotated with `circuit_not_closed` (the bot's circuit
     is open or half-open), `circuit_dirty` (a circuit with failures to forget: a success
     must reset it) and `blocked` (an earlier ordered message to the chat is still open)."""
-    Bot = bot_model()
-    with connection.cursor() as cursor:
-        cursor.execute(_for_send_sql(), [now, message_id])
-        row = cursor.fetchone()
-    if row is None:
+    found = rows.fetch(sql.for_send(), [now, message_id])
+    if not found:
         return None
-    n_message = len(_columns(OutboundMessage)[0])
-    n_bot = len(_columns(Bot)[0])
-    message = _from_row(OutboundMessage, list(row[:n_message]))
-    bot = _from_row(Bot, list(row[n_message : n_message + n_bot]))
-    message._state.fields_cache["bot"] = bot  # as select_related("bot") would
-    message.circuit_not_closed, message.circuit_dirty, message.blocked = row[n_message + n_bot :]
+    message, (not_closed, dirty, blocked) = sql.message_with_bot(found[0])
+    message.circuit_not_closed, message.circuit_dirty, message.blocked = not_closed, dirty, blocked
     return message
 
 
@@ -94,85 +80,17 @@ def bot_and_circuit(bot_id: int) -> tuple[Model | None, Circuit | None]:
     """The bot and its Bot API circuit (None where there is none), as the drain starts: one
     fixed statement, prepared once per connection, not two querysets compiled on every
     drain."""
-    Bot = bot_model()
-    found = rows.fetch(_bot_and_circuit_sql(), [circuits.bot_scope(bot_id), bot_id])
-    if not found:
-        return None, None
-    n_bot = len(Bot._meta.concrete_fields)
-    row = found[0]
-    circuit = rows.from_row(Circuit, row[n_bot:]) if row[n_bot] is not None else None
-    return rows.from_row(Bot, row[:n_bot]), circuit  # type: ignore[return-value]
+    found = rows.fetch(sql.bot_and_circuit(), [circuits.bot_scope(bot_id), bot_id])
+    return sql.bot_and_circuit_of(found[0]) if found else (None, None)
 
 
 def bot_circuit(bot_id: int) -> Circuit | None:
     """The bot's Bot API circuit, or None: the drain's look before each batch."""
-    found = rows.fetch(_circuit_sql(), [circuits.bot_scope(bot_id)])
+    found = rows.fetch(sql.CIRCUIT, [circuits.bot_scope(bot_id)])
     return rows.from_row(Circuit, found[0]) if found else None  # type: ignore[return-value]
 
 
-@cache
-def _bot_and_circuit_sql() -> str:
-    Bot = bot_model()
-    b, c = Bot._meta.db_table, Circuit._meta.db_table
-    columns = f"{rows.selected_columns(Bot, 'b')}, {rows.selected_columns(Circuit, 'c')}"
-    return f"SELECT {columns} FROM {b} b LEFT JOIN {c} c ON c.scope = %s WHERE b.id = %s"  # noqa: S608 - _meta
-
-
-@cache
-def _circuit_sql() -> str:
-    table = Circuit._meta.db_table
-    return f"SELECT {rows.selected_columns(Circuit, 'c')} FROM {table} c WHERE c.scope = %s"  # noqa: S608 - _meta
-
-
-def bot_model() -> type[Model]:
-    """The bot model, through the outbox's foreign key: outbox imports nothing from bots."""
-    return OutboundMessage._meta.get_field("bot").related_model  # type: ignore[return-value]
-
-
-@cache
-def _columns(model: type[Model]) -> tuple[list[str], list[int]]:
-    fields = model._meta.concrete_fields
-    return [f.column for f in fields], [i for i, f in enumerate(fields) if isinstance(f, JSONField)]
-
-
-def _from_row(model: type[Model], values: list) -> Model:
-    # JSON columns arrive as text (Django decodes them, as here); the other columns need no
-    # conversion.
-    _, json_positions = _columns(model)
-    for i in json_positions:
-        if isinstance(values[i], str):
-            values[i] = json.loads(values[i])
-    return model.from_db(connection.alias, None, values)
-
-
-@cache
-def _for_send_sql() -> str:
-    Bot = bot_model()
-    message_columns, _ = _columns(OutboundMessage)
-    bot_columns, _ = _columns(Bot)
-    m, b, c = OutboundMessage._meta.db_table, Bot._meta.db_table, Circuit._meta.db_table
-    select = ", ".join([f"m.{col}" for col in message_columns] + [f"b.{col}" for col in bot_columns])
-    bot_scope = f"'{circuits.BOT_PREFIX}' || m.bot_id::text"
-    # The open-states test lets PostgreSQL use outbox_open_chat_idx for the chat's order.
-    return f"""
-        SELECT {select},
-          {circuits.not_closed_sql(bot_scope)},
-          EXISTS (SELECT 1 FROM {c} c WHERE c.scope = {bot_scope}
-                    AND NOT (c.state = 'closed' AND c.consecutive_failures = 0)),
-          {chat_order.blocked_sql("m")}
-        FROM {m} m JOIN {b} b ON b.id = m.bot_id
-        WHERE m.id = %s
-    """  # noqa: S608 - names from _meta, values as parameters
-
-
-def message_columns() -> list[str]:
-    """The outbox table's columns, in the order `message_from_row` reads them."""
-    return _columns(OutboundMessage)[0]
-
-
-def message_from_row(values: list) -> OutboundMessage:
-    """An OutboundMessage from a raw row of `message_columns()` (e.g. an UPDATE's RETURNING)."""
-    return _from_row(OutboundMessage, values)  # type: ignore[return-value]
+bot_model = sql.bot_model
 
 
 def api_client_bot_ids(user: Model) -> set[int] | None:

@@ -13,52 +13,45 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timedelta
-from functools import cache
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import F
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from core import metrics
 from core import rows as rows_module
-from outbox import chat_order, circuits, selectors
+from outbox import chat_order, circuits, selectors, sql
 from outbox.botapi import CallOutcome
 from outbox.methods import keeps_full_result
-from outbox.models import WAITING_STATES, Attempt, DeadLetter, DeadLetterStatus, ErrorClass, OutboundMessage, State
+from outbox.models import (
+    ATTEMPT_OK,
+    WAITING_STATES,
+    Attempt,
+    DeadLetter,
+    DeadLetterStatus,
+    ErrorClass,
+    OutboundMessage,
+    State,
+)
 from outbox.signals import message_ambiguous, message_dead_lettered, message_delivered_late
 
 WAITING = list(WAITING_STATES)
 
-# The send path's transitions (claim, begin_attempts, mark_sent) are one hand-written
-# statement each: conditional UPDATEs without the ORM's query building, which cost more CPU
-# than the database did (docs/PERFORMANCE.md). Table names come from _meta; values are
-# always parameters.
-_MESSAGES = OutboundMessage._meta.db_table
-_ATTEMPTS = Attempt._meta.db_table
-_UPDATES = OutboundMessage._meta.get_field("source_update").related_model._meta.db_table
-
-
-def _execute(sql: str, params: list[Any]) -> tuple[int, Any]:
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return cursor.rowcount, cursor.fetchone() if cursor.description else None
+# The send path's transitions (claim, claim_batch, write_claimed, begin_attempts, mark_sent)
+# are one hand-written statement each (outbox/sql.py): conditional UPDATEs without the ORM's
+# query building, which cost more CPU than the database did (docs/PERFORMANCE.md).
 
 
 def claim(message_id: int, *, worker: str, lease: timedelta, unchanged_since: datetime | None = None) -> bool:
     """pending|retry -> sending. False when another worker got there first or it is not due;
     with `unchanged_since`, also False when the row was updated after that time."""
     now = timezone.now()
-    sql = (
-        f"UPDATE {_MESSAGES} SET state = 'sending', lease_owner = %s, lease_expires_at = %s, updated_at = %s"  # noqa: S608
-        " WHERE id = %s AND state IN ('pending', 'retry') AND next_attempt_at <= %s"
-    )
     params: list[Any] = [worker, now + lease, now, message_id, now]
-    if unchanged_since is not None:
-        sql += " AND updated_at = %s"
-        params.append(unchanged_since)
-    return _execute(sql, params)[0] == 1
+    if unchanged_since is None:
+        return rows_module.execute(sql.CLAIM, params) == 1
+    return rows_module.execute(sql.CLAIM_UNCHANGED, [*params, unchanged_since]) == 1
 
 
 # The batched drain (outbox/sending/batch.py): the same transitions, for many messages of one bot
@@ -83,36 +76,14 @@ def claim_batch(
     any request, waits for the disk and so for this claim too."""
 
     now = timezone.now()
-    # The pick is a CTE so that it runs once: as an `id IN (subquery)` PostgreSQL may run it
-    # again for each row, and each run skips the rows the statement has just locked, so the
-    # LIMIT would not hold (one claim could take every due row). Ordered by next_attempt_at
-    # alone, the order of outbox_due_idx, so that the scan stops at the LIMIT; with an `id`
-    # tie-break PostgreSQL sorted every due row first.
-    columns = ", ".join(f"m.{c}" for c in selectors.message_columns())
-    lane = "q.broadcast <> ''" if bulk else "q.broadcast = ''"
-    sql = f"""
-        WITH picked AS MATERIALIZED (
-          SELECT q.id FROM {_MESSAGES} q
-          WHERE q.bot_id = %s AND q.state IN ('pending', 'retry') AND q.next_attempt_at <= %s
-            AND q.next_attempt_at >= %s AND {lane}{" AND q.id = ANY(%s)" if ids is not None else ""}
-            AND NOT {chat_order.blocked_sql("q")}
-            AND NOT {circuits.not_closed_sql("%s")}
-          ORDER BY q.next_attempt_at
-          LIMIT %s
-          FOR UPDATE SKIP LOCKED
-        )
-        UPDATE {_MESSAGES} m SET state = 'sending', lease_owner = %s, lease_expires_at = %s, updated_at = %s
-        FROM picked WHERE m.id = picked.id AND m.state IN ('pending', 'retry')
-        RETURNING {columns},
-          {circuits.has_failures_sql("%s")}
-    """  # noqa: S608 - names from _meta, values as parameters
     since = due_since or datetime.min.replace(tzinfo=now.tzinfo)
     scope = circuits.bot_scope(bot_id)
     params = [bot_id, now, since, *([ids] if ids is not None else []), now, scope]
     params += [limit, worker, now + lease, now, scope]
     messages = []
-    for *values, circuit_dirty in rows_module.fetch(sql, params, async_commit=True):
-        message = selectors.message_from_row(values)
+    statement = sql.claim_batch(bulk=bulk, by_ids=ids is not None)
+    for *values, circuit_dirty in rows_module.fetch(statement, params, async_commit=True):
+        message = sql.message(values)
         # The bot's circuit is closed (else nothing is claimed); with failures counted, a
         # success must reset them.
         message.circuit_dirty = circuit_dirty
@@ -148,9 +119,9 @@ def write_many_claimed(messages: list[OutboundMessage], *, worker: str, lease: t
     written = rows_module.insert_many_computed(
         messages,
         unique=("bot_id", "idempotency_key"),
-        computed=_WRITTEN_CLAIMED,
-        lateral=_written_claimed_goes(),
-        returning=_written_claimed_returning(),
+        computed=sql.WRITTEN_CLAIMED,
+        lateral=sql.WRITTEN_CLAIMED_GOES,
+        returning=sql.WRITTEN_CLAIMED_RETURNING,
         before=chat_order.write_lock(messages),
         params={
             "now": now,
@@ -174,28 +145,6 @@ def write_many_claimed(messages: list[OutboundMessage], *, worker: str, lease: t
     return outcomes
 
 
-# write_claimed's columns decided by its statement: `x.go` is whether a claim would take it now.
-_WRITTEN_CLAIMED = {
-    "state": "CASE WHEN x.go THEN 'sending' ELSE r.state END",
-    "lease_owner": "CASE WHEN x.go THEN %(worker)s ELSE r.lease_owner END",
-    "lease_expires_at": "CASE WHEN x.go THEN %(until)s ELSE r.lease_expires_at END",
-}
-
-
-@cache
-def _written_claimed_goes() -> str:
-    # `first_in_chat`: per row of the statement, whether no earlier ordered row of its chat is in it.
-    return f"""SELECT r.state = 'pending' AND r.broadcast = '' AND r.next_attempt_at <= %(now)s
-        AND (r.send_at IS NULL OR r.send_at <= %(now)s) AND (%(first_in_chat)s::boolean[])[r.ordinality]
-        AND NOT {chat_order.blocked_new_sql("r", "%(now)s")}
-        AND NOT {circuits.not_closed_sql("%(scope)s")} AS go"""
-
-
-@cache
-def _written_claimed_returning() -> str:
-    return f"state = 'sending', {circuits.has_failures_sql('%(scope)s')}"
-
-
 def begin_attempts(messages: list[OutboundMessage], *, worker: str) -> dict[int, Attempt]:
     """Record the attempts before the requests go out: each claimed message's attempt count
     and attempt row, in one statement (one commit). Messages whose lease was
@@ -203,17 +152,7 @@ def begin_attempts(messages: list[OutboundMessage], *, worker: str) -> dict[int,
     if not messages:
         return {}
     now = timezone.now()
-    rows = rows_module.fetch(
-        f"""WITH m AS (
-              UPDATE {_MESSAGES} SET attempts = attempts + 1, updated_at = %s
-              WHERE id = ANY(%s::bigint[]) AND state = 'sending' AND lease_owner = %s RETURNING id, attempts
-            )
-            INSERT INTO {_ATTEMPTS} (message_id, number, worker, started_at, finished_at, outcome,
-                                     http_status, error_code, description, retry_after)
-            SELECT id, attempts, %s, %s, NULL, '', NULL, NULL, '', NULL FROM m
-            RETURNING id, message_id, number""",  # noqa: S608 - see _MESSAGES
-        [now, [m.pk for m in messages], worker, worker, now],
-    )
+    rows = rows_module.fetch(sql.BEGIN_ATTEMPTS, [now, [m.pk for m in messages], worker, worker, now])
     by_id = {m.pk: m for m in messages}
     attempts: dict[int, Attempt] = {}
     for attempt_id, message_id, number in rows:
@@ -245,27 +184,7 @@ def mark_sent(
         telegram_ids.append(outcome.telegram_message_id)
         results.append(json.dumps(outcome.result) if _keeps_result(message, outcome) else None)
     rows = rows_module.fetch(
-        f"""WITH v AS (
-              SELECT * FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[], %s::text[])
-                AS v(message_id, attempt_id, telegram_message_id, result)
-            ), a AS (
-              UPDATE {_ATTEMPTS} SET finished_at = %s, outcome = 'ok', http_status = 200, error_code = NULL,
-                description = '', retry_after = NULL
-              FROM v WHERE {_ATTEMPTS}.id = v.attempt_id AND {_ATTEMPTS}.id = ANY(%s::bigint[])
-            ), m AS (
-              UPDATE {_MESSAGES} SET state = 'sent', sent_at = %s, updated_at = %s,
-                telegram_message_id = v.telegram_message_id, result = v.result::jsonb, lease_owner = '',
-                lease_expires_at = NULL, last_error = '', last_error_class = ''
-              FROM v WHERE {_MESSAGES}.id = v.message_id AND {_MESSAGES}.id = ANY(%s::bigint[])
-                AND {_MESSAGES}.state = 'sending' AND {_MESSAGES}.lease_owner = %s
-              RETURNING {_MESSAGES}.id, {_MESSAGES}.bot_id, {_MESSAGES}.chat_id,
-                {_MESSAGES}.source_update_id
-            )
-            SELECT m.id, m.bot_id, m.chat_id,
-              (SELECT u.received_at FROM {_UPDATES} u WHERE u.id = m.source_update_id)
-            FROM m""",  # noqa: S608 - see _MESSAGES
-        # The ids again as `= ANY`: the planner then reads the rows by primary key
-        # (joined to the unnest alone it scanned the lease index's dead entries).
+        sql.MARK_SENT,
         [message_ids, attempt_ids, telegram_ids, results, now, attempt_ids, now, now, message_ids, worker],
     )
     done: dict[int, int | None] = dict.fromkeys((message_id for message_id, *_ in rows), None)
@@ -282,7 +201,7 @@ def mark_sent(
 def finish_attempt(attempt: Attempt, outcome: CallOutcome) -> None:
     Attempt.objects.filter(pk=attempt.pk).update(
         finished_at=timezone.now(),
-        outcome="ok" if outcome.ok else outcome.error_class,
+        outcome=ATTEMPT_OK if outcome.ok else outcome.error_class,
         http_status=outcome.http_status,
         error_code=outcome.error_code,
         description=outcome.description[:2000],

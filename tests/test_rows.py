@@ -1,5 +1,6 @@
-"""core/rows.py's insert of a row given as values (the webhook's one statement), and its
-statements committed asynchronously, against a PostgreSQL the tests crash."""
+"""core/rows.py's insert of a row given as values (the webhook's one statement), its
+statements committed asynchronously, against a PostgreSQL the tests crash, and the instances it
+builds, held to what the ORM builds."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from django.utils import timezone
 
 from bots.models import AnalyticsEvent, ConsumerRun, InboundUpdate, RunState, UpdateState
 from core import rows
-from outbox import transitions
+from outbox import selectors, transitions
 from outbox.models import Attempt, OutboundMessage, State
 from tests.conftest import make_bot
 from tests.private_postgres import PrivatePostgres, django_connection_at, remove_clusters_of_dead_runs
@@ -258,6 +259,47 @@ def test_a_new_row_is_the_instance_the_models_constructor_makes(bot) -> None:
     update.save()
     made.save()
     assert ConsumerRun.objects.get(pk=made.pk).update_id == update.pk
+
+
+def _columns(row) -> dict:
+    return {f.attname: getattr(row, f.attname) for f in row._meta.concrete_fields}
+
+
+def test_a_related_row_attached_is_what_select_related_gives(bot, django_assert_num_queries) -> None:
+    message = OutboundMessage.objects.create(
+        bot=bot, chat_id=1, idempotency_key="k", payload={"text": "x"}, next_attempt_at=timezone.now()
+    )
+    expected = OutboundMessage.objects.select_related("bot").get(pk=message.pk)
+
+    # The drain's way: the bot it holds, on each message it claims.
+    attached = OutboundMessage.objects.get(pk=message.pk)
+    rows.attach_related(attached, "bot", type(bot).objects.get(pk=bot.pk))
+    # The single send's: the message and its bot read by one fixed statement (outbox/sql.py).
+    read = selectors.outbound_message_for_send(message.pk, now=timezone.now())
+
+    for built in (attached, read):
+        assert built == expected
+        assert _columns(built) == _columns(expected)
+        assert (built._state.adding, built._state.db) == (expected._state.adding, expected._state.db)
+        assert built._state.fields_cache.keys() == expected._state.fields_cache.keys() == {"bot"}
+        with django_assert_num_queries(0):
+            assert _columns(built.bot) == _columns(expected.bot)
+        assert built.bot.pk == built.bot_id
+
+
+def test_the_hot_paths_statements_run_on_djangos_cursor(bot) -> None:
+    seen = []
+
+    def wrapper(execute, sql, params, many, context):
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(wrapper):
+        assert rows.fetch("SELECT %s::int + 1", [1]) == [(2,)]
+        with pytest.raises(DataError, match="division by zero"):  # Django's error, not psycopg's
+            rows.execute("SELECT 1 / %s", [0])
+
+    assert seen == ["SELECT %s::int + 1", "SELECT 1 / %s"]
 
 
 def test_what_a_new_row_cannot_take_goes_to_the_models_constructor_and_its_errors() -> None:

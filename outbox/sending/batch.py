@@ -15,13 +15,12 @@ import logging
 import math
 import socket
 import time
-from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.conf import settings
 from django.utils import timezone
 
-from core import wakeups
+from core import rows, wakeups
 from core.failpoints import failpoint, uncommitted
 from core.logs import current_trace_id
 from core.workers import worker_id
@@ -36,9 +35,10 @@ from outbox.dispatch import (
     fan_out_drain,
     wake_bulk_drain,
 )
-from outbox.models import Attempt, CircuitState, ErrorClass, OutboundMessage
+from outbox.models import CircuitState, OutboundMessage
+from outbox.sending.answers import DrainReport, InFlight
 from outbox.sending.late import late_answers
-from outbox.sending.rules import cancel_reason, limited_chat_id, record_outcome, with_outcome_write_retries
+from outbox.sending.rules import cancel_reason, limited_chat_id
 
 logger = logging.getLogger(__name__)
 
@@ -53,30 +53,6 @@ SLOT_HORIZON_SECONDS = 0.25
 PACE_LEAD_SECONDS = 0.05
 # Answers arriving within this long of the first are recorded by one statement.
 RECORD_GATHER_SECONDS = 0.05
-# Outcomes after which this drain stops and leaves the rest to the retry schedule.
-_STOPS_THE_DRAIN = frozenset({ErrorClass.RATE_LIMITED, ErrorClass.AUTH})
-
-
-@dataclass
-class DrainReport:
-    """What one drain did, for its task's result and the logs."""
-
-    sent: int = 0
-    failed: int = 0
-    deferred: int = 0
-    cancelled: int = 0
-    batches: int = 0
-    continuation: float | None = None
-    outcomes: dict[str, int] = field(default_factory=dict)
-
-    def __str__(self) -> str:
-        text = f"sent={self.sent} failed={self.failed} deferred={self.deferred} cancelled={self.cancelled}"
-        text += f" batches={self.batches}"
-        if self.outcomes:
-            text += " (" + ", ".join(f"{name}={n}" for name, n in sorted(self.outcomes.items())) + ")"
-        if self.continuation is not None:
-            text += f" continues-in={self.continuation:.2f}s"
-        return text
 
 
 def outbound_messages_drain(bot_id: int, *, batch_size: int | None = None, extra: bool = False) -> DrainReport:
@@ -118,7 +94,7 @@ def outbound_messages_drain(bot_id: int, *, batch_size: int | None = None, extra
         report.batches += 1
         full = len(messages) == size
         for message in messages:
-            message._state.fields_cache["bot"] = bot
+            rows.attach_related(message, "bot", bot)
         ready = _drop_expired_and_vetoed(messages, worker=worker, report=report)
         # `held`: until when (time.monotonic()) the bot can take no more sends, or None.
         go, held = _take_slots(bot, ready, worker=worker, report=report)
@@ -351,66 +327,6 @@ def _send(
     return answers.held
 
 
-class InFlight:
-    """A batch's requests in flight and what recording their answers needs: whoever waits
-    for them (the batch's own send, or the late-answers thread) settles them here."""
-
-    def __init__(
-        self,
-        bot,
-        *,
-        worker: str,
-        report: DrainReport,
-        held: float | None,
-        next_in_chat: bool,
-        entries: dict[int, ratelimit.Entry] | None,
-    ) -> None:
-        self.bot, self.worker, self.report, self.held, self.next_in_chat = bot, worker, report, held, next_in_chat
-        self.entries = dict(entries or {})
-        self.futures: dict[concurrent.futures.Future[botapi.CallOutcome], OutboundMessage] = {}
-        self.attempts: dict[int, Attempt] = {}
-        self.pending: set[concurrent.futures.Future[botapi.CallOutcome]] = set()
-        self.deadline = time.monotonic()
-        self.answered = False
-        self.circuit_dirty = False  # a success still to be written to the bot's circuit (late answers)
-
-    def add(self, started, *, deadline: float) -> None:
-        for future, message in started:
-            self.futures[future] = message
-            self.pending.add(future)
-        self.deadline = deadline
-
-    def settle(self, done: set[concurrent.futures.Future[botapi.CallOutcome]]) -> None:
-        """Record the answers of `done`; past the deadline with none, every request still out
-        is ambiguous (our wait ran out: it may well have reached Telegram)."""
-        done = done & self.pending
-        if done and not self.answered:
-            failpoint("after_response")
-            self.answered = True
-        if not done and time.monotonic() >= self.deadline:
-            outcomes = [(self.futures[f], botapi.outcome_of_lost_wait(TimeoutError())) for f in self.pending]
-            self.pending = set()
-        else:
-            self.pending -= done
-            outcomes = [(self.futures[f], f.result()) for f in done]
-            # Before the outcomes are recorded: a chat's next message, handed on by its
-            # outcome, finds the chat's gate as the answer left it.
-            ratelimit.leave([self.entries.pop(m.pk) for m, _ in outcomes if m.pk in self.entries])
-        if not outcomes:
-            return
-        self.held = with_outcome_write_retries(
-            lambda: _record(
-                outcomes,
-                self.attempts,
-                worker=self.worker,
-                report=self.report,
-                held=self.held,
-                next_in_chat=self.next_in_chat,
-            ),
-            message_ids=[m.pk for m, _ in outcomes],
-        )
-
-
 def _window(
     bot,
     messages: list[OutboundMessage],
@@ -453,46 +369,6 @@ def _window(
     if longest is not None:
         held = max(held or 0.0, time.monotonic() + longest)
     return go, held
-
-
-def _record(
-    outcomes: list[tuple[OutboundMessage, botapi.CallOutcome]],
-    attempts: dict[int, Attempt],
-    *,
-    worker: str,
-    report: DrainReport,
-    held: float | None,
-    next_in_chat: bool = False,
-) -> float | None:
-    """Record a gathered set of answers. The drain finds a chat's next message with its next
-    claim; a send that does not loop (`next_in_chat`) hands it on to the bot's drain."""
-    sent = [(m, attempts[m.pk], o) for m, o in outcomes if o.ok]
-    done = transitions.mark_sent(sent, worker=worker, next_in_chat=next_in_chat)
-    report.sent += len(done)
-    for message, _ in outcomes:
-        next_id = done.get(message.pk)
-        if next_id is not None and next_id != message.pk:
-            dispatch(next_id, bot_id=message.bot_id)
-    for message, attempt, outcome in sent:
-        # Its lease ran out while the request was out, and the sweeper gave it up: the
-        # answer still settles it, and nothing is sent again.
-        if message.pk not in done and transitions.settle_late_success(message, attempt=attempt, outcome=outcome):
-            logger.warning("message %s: success arrived after its lease ran out; settled as sent", message.pk)
-            report.sent += 1
-    for message, outcome in outcomes:
-        if outcome.ok:
-            continue
-        report.failed += 1
-        report.outcomes[outcome.error_class] = report.outcomes.get(outcome.error_class, 0) + 1
-        current_trace_id.set(message.trace_id)
-        result = record_outcome(message, worker=worker, attempt=attempts[message.pk], outcome=outcome)
-        if result.countdown is not None and not message.broadcast:
-            # A broadcast's retry is its drain's to send (it looks for the next one due as it stops).
-            dispatch(message.pk, countdown=result.countdown, slot_reserved=result.slot_reserved)
-        if outcome.error_class in _STOPS_THE_DRAIN:
-            wait = result.countdown if result.countdown is not None else policy.MAX_BROKER_COUNTDOWN_SECONDS
-            held = max(held or 0.0, time.monotonic() + wait)
-    return held
 
 
 # --- the bulk lane ----------------------------------------------------------------------
@@ -577,7 +453,7 @@ def _drain_broadcasts(bot_id: int, *, worker: str, report: DrainReport, permits:
         failpoint("after_claim")
         report.batches += 1
         for message in messages:
-            message._state.fields_cache["bot"] = bot
+            rows.attach_related(message, "bot", bot)
         ready = _drop_expired_and_vetoed(messages, worker=worker, report=report)
         go, held, entries = _take_turns(bot, ready, worker=worker, report=report, bulk=True)
         dirty = circuit is not None and not (circuit.state == CircuitState.CLOSED and circuit.consecutive_failures == 0)
@@ -659,7 +535,7 @@ def _send_now(bot, message_ids: list[int], written_claimed: dict[int, OutboundMe
     if messages:
         failpoint("after_claim")
     for message in messages:
-        message._state.fields_cache["bot"] = bot
+        rows.attach_related(message, "bot", bot)
     report = DrainReport()
     ready = _drop_expired_and_vetoed(messages, worker=worker, report=report)
     go, held, entries = _take_turns(bot, ready, worker=worker, report=report)

@@ -2,7 +2,7 @@
 
 A worker sending what it has just written waits for Telegram only briefly
 (batch.INLINE_ANSWER_WAIT_SECONDS); requests still out are handed here and one thread records
-each outcome as the batch would have (batch.InFlight.settle), while the router goes on. If the
+each outcome as the batch would have (answers.InFlight.settle), while the router goes on. If the
 process dies first, each message is `sending` with its attempt row, so the sweeper treats it
 as any send cut off mid-request. A worker shutting down waits for its late answers (`drain`)."""
 
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from celery.signals import worker_process_shutdown, worker_shutdown
 
 if TYPE_CHECKING:
-    from outbox.sending.batch import InFlight
+    from outbox.sending.answers import InFlight
 
 logger = logging.getLogger(__name__)
 

@@ -1,5 +1,6 @@
-"""Django's PostgreSQL backend, with a connection health check that costs no round trip, and
-one plan for each of the hot paths' prepared statements (`_configure_connection`).
+"""Django's PostgreSQL backend, with a connection health check that costs no round trip, a
+cursor for the hot paths' fixed statements (`prepared_cursor`), and one plan for each of them
+(`_configure_connection`).
 
 CONN_HEALTH_CHECKS sends a `SELECT 1` before the first statement of every request and task. A
 connection PostgreSQL ended is readable (its FATAL message or close), so the check first asks
@@ -10,12 +11,47 @@ Why: docs/DESIGN.md."""
 from __future__ import annotations
 
 import select
+from datetime import UTC
+from typing import Any
 
-from django.db.backends.postgresql import base
-from psycopg import pq
+import psycopg
+from django.db.backends.postgresql import base, operations
+from django.db.backends.utils import CursorWrapper
+from psycopg import postgres, pq
+
+# psycopg's own timestamptz loader, in C when its binary build is installed: far cheaper than
+# the loader Django registers on every connection (a subclass in Python of psycopg's Python
+# loader, so that a time zone other than the connection's can be forced), and the hot paths
+# read many timestamps. It gives the connection's time zone, which Django sets to UTC when
+# its own is UTC (`db.timezone`): the same values as Django's.
+_TIMESTAMPTZ_OID = postgres.types["timestamptz"].oid
+_TIMESTAMPTZ_C = psycopg.adapters.get_loader(_TIMESTAMPTZ_OID, pq.Format.TEXT)
+if _TIMESTAMPTZ_C is None or not _TIMESTAMPTZ_C.__module__.startswith("psycopg_"):
+    _TIMESTAMPTZ_C = None  # psycopg's pure Python build: nothing faster to swap in
+
+
+class PreparedCursor(base.ServerBindingCursor):
+    """Django's cursor for OPTIONS["server_side_binding"] (parameters bound by the server),
+    whose statements psycopg prepares on their first run in a connection: planning the hot
+    paths' statements cost PostgreSQL more than running them. A no-op where the connection's
+    prepare_threshold is None (behind a transaction pooler)."""
+
+    def execute(
+        self, query: Any, params: Any = None, *, prepare: bool | None = True, binary: bool | None = None
+    ) -> Any:
+        return super().execute(query, params, prepare=prepare, binary=binary)
+
+
+class DatabaseOperations(operations.DatabaseOperations):
+    def last_executed_query(self, cursor: Any, sql: str, params: Any) -> str | None:
+        # A prepared statement's run leaves psycopg no text to read back: DEBUG's query log
+        # (and the tests' query counts) shows such a statement as it was given.
+        return super().last_executed_query(cursor, sql, params) or sql
 
 
 class DatabaseWrapper(base.DatabaseWrapper):
+    ops_class = DatabaseOperations
+
     def _configure_connection(self, connection: object) -> bool:
         commit = super()._configure_connection(connection)
         if self.settings_dict["OPTIONS"].get("prepare_threshold") is None:
@@ -26,6 +62,21 @@ class DatabaseWrapper(base.DatabaseWrapper):
         with connection.cursor() as cursor:  # type: ignore[attr-defined]
             cursor.execute("SET plan_cache_mode = force_generic_plan")
         return True
+
+    def prepared_cursor(self, *, fast_times: bool = False) -> CursorWrapper:
+        """`cursor()` for a fixed statement: the same wrapper (the health check, error
+        translation, the broken-transaction check, execute wrappers, DEBUG's query log), over a
+        `PreparedCursor`. `fast_times`: timestamps read by psycopg's C loader (for rows to
+        read; the loader is registered per cursor)."""
+        self.close_if_health_check_failed()
+        self.ensure_connection()
+        with self.wrap_database_errors:
+            cursor = PreparedCursor(self.connection)
+            if fast_times and self.timezone is UTC and _TIMESTAMPTZ_C is not None:
+                cursor.adapters.register_loader(_TIMESTAMPTZ_OID, _TIMESTAMPTZ_C)
+            elif self.timezone != self.connection.adapters.get_loader(_TIMESTAMPTZ_OID, pq.Format.TEXT).timezone:
+                base.register_tzloader(self.timezone, cursor)  # as Django's create_cursor does
+            return self._prepare_cursor(cursor)
 
     def close_if_health_check_failed(self) -> None:
         if (
