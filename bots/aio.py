@@ -98,7 +98,7 @@ def _proc() -> _Process:
 
 def loop() -> asyncio.AbstractEventLoop:
     """This process's event loop (the seam for python-telegram-bot's handlers)."""
-    return botapi._process_loop.loop()
+    return botapi.process_loop()
 
 
 def submit(coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
@@ -148,8 +148,10 @@ def name_connection(sender: Any, connection: Any, **kwargs: Any) -> None:
     """A database thread's PostgreSQL connection says whose it is (pg_stat_activity's
     application_name): an operator, and bench/ai_crowd.py, count them per worker process."""
     if threading.current_thread().name.startswith(DB_THREAD_PREFIX):
+        from bots import sql
+
         with connection.cursor() as cursor:
-            cursor.execute("SELECT set_config('application_name', %s, false)", [f"dovecote-aio:{os.getpid()}"])
+            cursor.execute(sql.SET_APPLICATION_NAME, [f"dovecote-aio:{os.getpid()}"])
 
 
 def _db_step(fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:
@@ -374,10 +376,11 @@ async def _settle(how: Callable[..., Any], *args: Any) -> str:
 def _finish(run: ConsumerRun, spec: ConsumerSpec, returned: Any, worker: str, circuit_dirty: bool) -> str:
     from bots import transitions
     from bots.runs import quiet_success
-    from outbox import circuits
+    from outbox.selectors import consumer_scope
+    from outbox.services import circuit_record_success
 
     if circuit_dirty:
-        circuits.record_success(circuits.consumer_scope(spec.name))
+        circuit_record_success(consumer_scope(spec.name))
     outcome = returned if isinstance(returned, str) else "done"
     transitions.mark_run_done(run.pk, worker=worker, outcome=outcome)
     if not quiet_success.get():
@@ -415,15 +418,15 @@ def start_routed(runs: list[ConsumerRun], *, timeout: float) -> list[ConsumerRun
     from bots import transitions
     from bots.runs import circuit_dirty
     from core.workers import claim_lease
-    from outbox import circuits
     from outbox.models import Circuit
+    from outbox.selectors import consumer_scope
 
     if not runs:
         return []
-    scopes = {circuits.consumer_scope(run.consumer) for run in runs}
+    scopes = {consumer_scope(run.consumer) for run in runs}
     dirty = {c.scope for c in Circuit.objects.filter(scope__in=scopes) if circuit_dirty(c)}
-    left = [run for run in runs if circuits.consumer_scope(run.consumer) in dirty]
-    waiting = [run for run in runs if circuits.consumer_scope(run.consumer) not in dirty]
+    left = [run for run in runs if consumer_scope(run.consumer) in dirty]
+    waiting = [run for run in runs if consumer_scope(run.consumer) not in dirty]
     worker = worker_id()
     deadline = time.monotonic() + timeout
     while waiting:

@@ -21,8 +21,8 @@ from core import rows, wakeups
 from core.logs import current_trace_id
 from core.publishing import publish
 from core.workers import lease_keeper, worker_id
-from outbox import circuits
 from outbox.models import Circuit
+from outbox.selectors import consumer_scope
 
 logger = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ def _route(updates: list[InboundUpdate]) -> tuple[list[InboundUpdate], Routing]:
 
 def _inline_circuits() -> list[str]:
     """The circuit scopes of the consumers that may run inline: read with the updates."""
-    return sorted(circuits.consumer_scope(spec.name) for spec in registry.registered().values() if spec.inline)
+    return sorted(consumer_scope(spec.name) for spec in registry.registered().values() if spec.inline)
 
 
 def _claimable_inline(
@@ -151,7 +151,7 @@ def _claimable_inline(
         return set()
     specs = {spec.name: spec for u in updates for spec in matched[u.pk]}
     names = {name for _, name in inline_keys}
-    scopes = {circuits.consumer_scope(name) for name in names}
+    scopes = {consumer_scope(name) for name in names}
     read = getattr(updates[0], "unsettled_circuits", None)  # read with the updates (transitions)
     if read is not None:
         unsettled = set(read) & scopes
@@ -161,7 +161,7 @@ def _claimable_inline(
     return {
         (update_pk, name)
         for update_pk, name in inline_keys
-        if circuits.consumer_scope(name) not in unsettled and received[update_pk] >= now - specs[name].max_age
+        if consumer_scope(name) not in unsettled and received[update_pk] >= now - specs[name].max_age
     }
 
 

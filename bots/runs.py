@@ -22,10 +22,14 @@ from core.failpoints import failpoint
 from core.logs import current_trace_id
 from core.publishing import publish
 from core.workers import lease_keeper, worker_id
-from outbox import circuits
-from outbox import dispatch as outbox_dispatch
 from outbox.models import Circuit, CircuitState, DeadLetter
-from outbox.sending import single
+from outbox.selectors import MAX_BROKER_COUNTDOWN_SECONDS, consumer_scope
+from outbox.services import (
+    circuit_open_for_auth,
+    circuit_record_success,
+    outbound_messages_holding,
+    outbound_messages_send_held,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +44,6 @@ def dispatch_run(run_pk: int, *, countdown: float = 0.0, consumer: str | None = 
     consumer (a failed attempt, see consumer_run_execute); the hard one, a grace later, ends
     a worker stuck past it, whose run the sweeper then recovers once its lease runs out."""
     from bots.tasks import run_consumer
-    from outbox.policy import MAX_BROKER_COUNTDOWN_SECONDS
 
     if countdown > MAX_BROKER_COUNTDOWN_SECONDS:
         return False  # the sweeper dispatches it when due
@@ -76,10 +79,10 @@ def consumer_run_execute(run_pk: int) -> str:
             # The replies this run writes go out from this worker right after their commit.
             held: list[tuple[int, int]] = []
             try:
-                with outbox_dispatch.holding() as held:
+                with outbound_messages_holding() as held:
                     outcome = _consumer_run_execute(run_pk, named)
             finally:
-                single.send_held(held)
+                outbound_messages_send_held(held)
     if outcome != "started":  # an awaiting run counts its own outcome (bots/aio.py)
         metrics.CONSUMER_RUNS.labels(consumer=consumer, outcome=outcome).inc()
     return outcome
@@ -103,7 +106,7 @@ def _consumer_run_execute(run_pk: int, named: Callable[[str], None]) -> str:
     if run.update.received_at < now - spec.max_age:
         consumer_run_end_stale(run, spec=spec)
         return "too-old"
-    scope = circuits.consumer_scope(spec.name)
+    scope = consumer_scope(spec.name)
     circuit = Circuit.objects.filter(scope=scope).first()
     if circuit is not None and _still_open(circuit, now):
         # Paused (auth failure or an operator): keep the run; wake it at the probe time.
@@ -121,7 +124,7 @@ def _consumer_run_execute(run_pk: int, named: Callable[[str], None]) -> str:
     if outcome != "done":
         return outcome
     if circuit_dirty(circuit):
-        circuits.record_success(scope)
+        circuit_record_success(scope)
     transitions.mark_run_done(run.pk, worker=worker, outcome=returned)
     if not quiet_success.get():
         logger.info("consumer %s done on update %s: %s", spec.name, run.update.update_id, returned)
@@ -165,7 +168,7 @@ def consumer_runs_execute_inline(runs: list[ConsumerRun]) -> dict[int, str]:
     # Written already claimed by this worker (`_route`): checked there, nothing to claim.
     claimed = {run.pk: run.attempts for run in runs if run.state == RunState.RUNNING and run.lease_owner == worker}
     scopes = {
-        circuits.consumer_scope(spec.name) for pk, spec in specs.items() if spec is not None and pk not in claimed
+        consumer_scope(spec.name) for pk, spec in specs.items() if spec is not None and pk not in claimed
     }
     # Usually none: the runs were written claimed (no queryset to build for an empty IN).
     unsettled = {c.scope for c in Circuit.objects.filter(scope__in=scopes) if circuit_dirty(c)} if scopes else set()
@@ -174,7 +177,7 @@ def consumer_runs_execute_inline(runs: list[ConsumerRun]) -> dict[int, str]:
         spec = specs[run.pk]
         if run.pk in claimed:
             ready.append(run)
-        elif spec is None or circuits.consumer_scope(spec.name) in unsettled:
+        elif spec is None or consumer_scope(spec.name) in unsettled:
             outcomes[run.pk] = consumer_run_execute(run.pk)
         elif run.update.received_at < now - spec.max_age:
             current_trace_id.set(run.trace_id)
@@ -200,7 +203,7 @@ def consumer_runs_execute_inline(runs: list[ConsumerRun]) -> dict[int, str]:
         for name, group in groups.items():
             spec = registry.get(name)
             assert spec is not None  # a claimed run's consumer is registered (`_route` matched it)
-            with outbox_dispatch.holding() as held:
+            with outbound_messages_holding() as held:
                 attempted = _attempt_all(group, spec, worker=worker)
             for run, (outcome, returned) in zip(group, attempted, strict=True):
                 if outcome == "done":
@@ -210,13 +213,13 @@ def consumer_runs_execute_inline(runs: list[ConsumerRun]) -> dict[int, str]:
             # A consumer's replies go before the next consumer runs (the answer does not wait
             # for the analytics), a batch of sends at a time; what cannot go now is handed to
             # the bot's drain.
-            single.send_held(held, bots=bots)
+            outbound_messages_send_held(held, bots=bots)
             held = []
     finally:
         # What a failure left unsent first (it is committed; the answer should not wait for
         # bookkeeping), then the runs marked done: a crash between them re-runs the runs,
         # whose replies' keys are taken, so nothing is sent twice.
-        single.send_held(held, bots=bots)
+        outbound_messages_send_held(held, bots=bots)
         transitions.mark_runs_done(done, worker=worker)
     for run in ready:
         if run.pk in claimed:
@@ -301,7 +304,7 @@ def consumer_run_settle_failure(
         dispatch_run(run.pk, countdown=max(0.0, (exc.until - timezone.now()).total_seconds()), consumer=spec.name)
         return "deferred"
     if isinstance(exc, registry.AuthError):
-        delay = circuits.open_for_auth(circuits.consumer_scope(spec.name), reason=str(exc))
+        delay = circuit_open_for_auth(consumer_scope(spec.name), reason=str(exc))
         transitions.schedule_run_retry(
             run.pk, worker=worker, delay=delay, error=str(exc), error_class="auth", free=True
         )
