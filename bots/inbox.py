@@ -66,8 +66,6 @@ def as_int64(value: Any) -> int | None:
 # up once per update. A change saved in this process forgets it at once (`forget_bot`);
 # other processes see a deactivation or a new secret within this time.
 BOT_CACHE_SECONDS = 5.0
-
-
 _bots: dict[str, tuple[float, Bot]] = {}
 
 
