@@ -167,9 +167,7 @@ def consumer_runs_execute_inline(runs: list[ConsumerRun]) -> dict[int, str]:
     specs = {run.pk: registry.get(run.consumer) for run in runs}
     # Written already claimed by this worker (`_route`): checked there, nothing to claim.
     claimed = {run.pk: run.attempts for run in runs if run.state == RunState.RUNNING and run.lease_owner == worker}
-    scopes = {
-        consumer_scope(spec.name) for pk, spec in specs.items() if spec is not None and pk not in claimed
-    }
+    scopes = {consumer_scope(spec.name) for pk, spec in specs.items() if spec is not None and pk not in claimed}
     # Usually none: the runs were written claimed (no queryset to build for an empty IN).
     unsettled = {c.scope for c in Circuit.objects.filter(scope__in=scopes) if circuit_dirty(c)} if scopes else set()
     ready: list[ConsumerRun] = []
