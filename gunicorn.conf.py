@@ -53,7 +53,7 @@ def post_worker_init(worker: object) -> None:
 def worker_exit(server: object, worker: object) -> None:
     """A worker exits (in the worker): hand over the routers' wake-ups it still holds, and
     ship its last second of counts (core/metrics.py)."""
-    from bots.services import inbox_router_wakes_flush
+    from bots.routing import inbox_router_wakes_flush
     from core.metrics import ship
 
     inbox_router_wakes_flush()

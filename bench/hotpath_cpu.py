@@ -155,7 +155,7 @@ def measure_router(batches: int) -> tuple[float, float, int, int]:
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from bots import services
+    from bots import inbox, routing
     from bots.models import Bot, InboundUpdate, UpdateState
     from outbox.models import OutboundMessage
 
@@ -167,7 +167,7 @@ def measure_router(batches: int) -> tuple[float, float, int, int]:
         # As a deployed bot's tables are: thousands of rows in each, and statistics that say
         # so (autovacuum analyzes them). The webhook phase's updates are routed and answered
         # unmeasured, then ANALYZE, which also drops the plans prepared meanwhile.
-        while services.inbox_updates_route(bot.pk, limit=BATCH):
+        while routing.inbox_updates_route(bot.pk, limit=BATCH):
             pass
         with connection.cursor() as cursor:
             cursor.execute("ANALYZE")
@@ -198,7 +198,7 @@ def measure_router(batches: int) -> tuple[float, float, int, int]:
     for k in range(batches + 2):
         for n in range(first + k * BATCH, first + (k + 1) * BATCH):
             payload = sbs.update_body(n, n, sbs.chat_for(n), sbs.update_text(n))
-            services.inbox_update_store(bot=bot, payload=payload)
+            inbox.inbox_update_store(bot=bot, payload=payload)
         if profile and k >= 2:
             profile.enable()
         timed.clear()
@@ -207,7 +207,7 @@ def measure_router(batches: int) -> tuple[float, float, int, int]:
         # Django's logging cursor costs CPU per statement that the router does not.
         statements = CaptureQueriesContext(connection)
         with statements if args.statements else contextlib.nullcontext():
-            routed = services.inbox_updates_route(bot.pk, limit=BATCH)
+            routed = routing.inbox_updates_route(bot.pk, limit=BATCH)
         ended = time.perf_counter()
         if k >= 2:
             spent += time.process_time() - started

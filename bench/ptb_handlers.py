@@ -5,7 +5,7 @@ persistence) next to the native consumer doing the same (`ctx.reply(ctx.text)`),
     .venv/bin/python bench/ptb_handlers.py [--updates 300] [--rounds 3]
 
 Each update is stored, routed and its run executed in this process, as a worker's task would
-(bots.services.consumer_run_execute: the claim, the consumer, the reply written and sent to
+(bots.runs.consumer_run_execute: the claim, the consumer, the reply written and sent to
 the Bot API sandbox over HTTP, the done mark); the two consumers take turns, a round of
 `--updates` each, one chat per update (no chat's flood limit in the way). Printed: CPU per
 update of this process (time.process_time) and of its PostgreSQL backend (/proc schedstat),
@@ -48,8 +48,10 @@ def register() -> None:
 
 def measure(bot, consumer: str, first: int, n: int, backend) -> tuple[float, float]:
     """CPU per update (µs) of this process and of its PostgreSQL backend, for n updates."""
+    from bots.inbox import inbox_update_store
     from bots.models import ConsumerRun
-    from bots.services import consumer_run_execute, inbox_update_route, inbox_update_store
+    from bots.routing import inbox_update_route
+    from bots.runs import consumer_run_execute
 
     cpu, pg = time.process_time(), backend()
     for i in range(first, first + n):

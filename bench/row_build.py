@@ -48,7 +48,7 @@ def main() -> None:
     now = timezone.now()
     update = InboundUpdate(pk=1, bot_id=1, update_id=1, trace_id="0" * 32, received_at=now, next_attempt_at=now)
     message = OutboundMessage(pk=1, bot_id=1, chat_id=1)
-    # The values the hot path gives each row (bots/services.py _route, outbox/services.py
+    # The values the hot path gives each row (bots/routing.py _route, outbox/services.py
     # _prepared, outbox/transitions.py begin_attempts, bots/consumers.py analytics_event).
     hot_rows: list[tuple[type, dict[str, Any]]] = [
         (

@@ -1,14 +1,10 @@
 from django import forms
 from django.contrib import admin
 
+from bots import registry
 from bots.models import AnalyticsEvent, Bot, ChatState, ConsumerRun, InboundUpdate
-from outbox.admin import (
-    ConsumerNameFilter,
-    ExactSearchMixin,
-    LastErrorClassFilter,
-    RedactedFieldsMixin,
-    fixed_filter,
-)
+from core.admin_tools import ExactSearchMixin, RedactedFieldsMixin, fixed_filter
+from outbox.models import ErrorClass
 
 # Telegram's update types and chat types: fixed lists, not a SELECT DISTINCT per page.
 UPDATE_TYPES = [
@@ -34,6 +30,10 @@ UPDATE_TYPES = [
 ]
 CHAT_TYPES = [(t, t) for t in ("private", "group", "supergroup", "channel")]
 UpdateTypeFilter = fixed_filter("update_type", UPDATE_TYPES, "update type")
+# The registry's consumer names, not a SELECT DISTINCT over the runs (or the dead letters:
+# reconciliation's admin filters them by it too).
+ConsumerNameFilter = fixed_filter("consumer", lambda: [(n, n) for n in sorted(registry.registered())])
+LastErrorClassFilter = fixed_filter("last_error_class", ErrorClass.choices, "last error class")
 ChatTypeFilter = fixed_filter("chat_type", CHAT_TYPES, "chat type")
 
 # The bot's credentials: write-only in the admin, never rendered back, shown as a hint.

@@ -7,14 +7,14 @@ already runs in a daemon thread (outbox/botapi.py), so python-telegram-bot handl
 on it too (`loop()`, `submit()`: never an `asyncio.run` per run) - up to
 DOVECOTE_ASYNC_CONCURRENCY runs at once.
 
-The rules are those of a run in a Celery task (bots/services.py):
+The rules are those of a run in a Celery task (bots/runs.py):
 
 - claimed once, before it starts, by the synchronous caller (the router that wrote it, or a
   `bots.run_consumer` task for a retry or a sweeper's redispatch), holding a slot first, so
   a claimed run never waits for room;
 - its lease renewed by the process's lease keeper (core/workers.py) while it is alive;
 - its time limit an `asyncio.timeout` around the consumer: a failed, transient attempt;
-- settled by the same function as a task's run (`services.consumer_run_settle_failure`), or
+- settled by the same function as a task's run (`runs.consumer_run_settle_failure`), or
   marked done.
 
 Database work goes through `db()`: one synchronous function at a time, run whole in one of
@@ -98,7 +98,7 @@ def _proc() -> _Process:
 
 def loop() -> asyncio.AbstractEventLoop:
     """This process's event loop (the seam for python-telegram-bot's handlers)."""
-    return botapi._process_loop.loop()
+    return botapi.process_loop()
 
 
 def submit(coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
@@ -148,8 +148,10 @@ def name_connection(sender: Any, connection: Any, **kwargs: Any) -> None:
     """A database thread's PostgreSQL connection says whose it is (pg_stat_activity's
     application_name): an operator, and bench/ai_crowd.py, count them per worker process."""
     if threading.current_thread().name.startswith(DB_THREAD_PREFIX):
+        from bots import sql
+
         with connection.cursor() as cursor:
-            cursor.execute("SELECT set_config('application_name', %s, false)", [f"dovecote-aio:{os.getpid()}"])
+            cursor.execute(sql.SET_APPLICATION_NAME, [f"dovecote-aio:{os.getpid()}"])
 
 
 def _db_step(fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:
@@ -372,37 +374,40 @@ async def _settle(how: Callable[..., Any], *args: Any) -> str:
 
 
 def _finish(run: ConsumerRun, spec: ConsumerSpec, returned: Any, worker: str, circuit_dirty: bool) -> str:
-    from bots import services, transitions
-    from outbox import circuits
+    from bots import transitions
+    from bots.runs import quiet_success
+    from outbox.selectors import consumer_scope
+    from outbox.services import circuit_record_success
 
     if circuit_dirty:
-        circuits.record_success(circuits.consumer_scope(spec.name))
+        circuit_record_success(consumer_scope(spec.name))
     outcome = returned if isinstance(returned, str) else "done"
     transitions.mark_run_done(run.pk, worker=worker, outcome=outcome)
-    if not services._quiet_success.get():
+    if not quiet_success.get():
         logger.info("consumer %s done on update %s: %s", spec.name, run.update.update_id, outcome)
     return "done"
 
 
 def _mark_done(items: list[tuple[ConsumerRun, Any, str]]) -> list[str]:
     """Runs done, marked in one statement (their circuits plainly closed)."""
-    from bots import services, transitions
+    from bots import transitions
+    from bots.runs import quiet_success
 
     outcomes = {run.pk: returned if isinstance(returned, str) else "done" for run, returned, _ in items}
     for worker in {worker for _, _, worker in items}:
         transitions.mark_runs_done(
             {run.pk: outcomes[run.pk] for run, _, owner in items if owner == worker}, worker=worker
         )
-    if not services._quiet_success.get():
+    if not quiet_success.get():
         for run, _, _ in items:
             logger.info("consumer %s done on update %s: %s", run.consumer, run.update.update_id, outcomes[run.pk])
     return ["done"] * len(items)
 
 
 def _fail(run: ConsumerRun, spec: ConsumerSpec, error: BaseException, worker: str) -> str:
-    from bots import services
+    from bots.runs import consumer_run_settle_failure
 
-    return services.consumer_run_settle_failure(run, spec, error, worker=worker)
+    return consumer_run_settle_failure(run, spec, error, worker=worker)
 
 
 def start_routed(runs: list[ConsumerRun], *, timeout: float) -> list[ConsumerRun]:
@@ -410,17 +415,18 @@ def start_routed(runs: list[ConsumerRun], *, timeout: float) -> list[ConsumerRun
     each (waiting up to `timeout` for room), claimed in one statement per chunk. A run whose
     consumer's circuit is not plainly closed is left for a task of its own, which checks it.
     Returns the runs not started here, for the caller to dispatch."""
-    from bots import services, transitions
+    from bots import transitions
+    from bots.runs import circuit_dirty
     from core.workers import claim_lease
-    from outbox import circuits
     from outbox.models import Circuit
+    from outbox.selectors import consumer_scope
 
     if not runs:
         return []
-    scopes = {circuits.consumer_scope(run.consumer) for run in runs}
-    dirty = {c.scope for c in Circuit.objects.filter(scope__in=scopes) if services._circuit_dirty(c)}
-    left = [run for run in runs if circuits.consumer_scope(run.consumer) in dirty]
-    waiting = [run for run in runs if circuits.consumer_scope(run.consumer) not in dirty]
+    scopes = {consumer_scope(run.consumer) for run in runs}
+    dirty = {c.scope for c in Circuit.objects.filter(scope__in=scopes) if circuit_dirty(c)}
+    left = [run for run in runs if consumer_scope(run.consumer) in dirty]
+    waiting = [run for run in runs if consumer_scope(run.consumer) not in dirty]
     worker = worker_id()
     deadline = time.monotonic() + timeout
     while waiting:

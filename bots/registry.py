@@ -389,19 +389,19 @@ class ConsumerContext:
         ``fn(handle)`` gets ``handle.key`` to pass on as an Idempotency-Key. Raise
         `TransientError`/`PermanentError`/`AuthError` for a refusal that certainly did not
         apply; any other exception leaves the outcome unknown and opens a case."""
-        from outbox import effects
+        from outbox import services as outbox_services
 
         try:
-            return effects.effect_run(
+            return outbox_services.effect_run(
                 self.effect_key(operation),
                 fn,
                 trace_id=self.trace_id,
                 reconcile=reconcile,
                 not_applied=(ConsumerError,),
             )
-        except effects.EffectInProgress as exc:
+        except outbox_services.EffectInProgress as exc:
             raise TransientError(str(exc)) from exc
-        except effects.EffectAmbiguous as exc:
+        except outbox_services.EffectAmbiguous as exc:
             # Retrying cannot settle it: an operator decides on the reconciliation case.
             raise PermanentError(str(exc)) from exc
 

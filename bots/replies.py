@@ -20,7 +20,7 @@ from bots import aio, registry, transitions
 from bots.models import ChatState, InboundUpdate
 from bots.registry import ConsumerContext, Defer, PermanentError
 from bots.responders import Conversation, Responder, get_async_responder, get_responder
-from outbox import dispatch as outbox_dispatch
+from outbox.services import after_held_sends
 
 # A first answer in a chat gathers at most this far back and this many messages.
 GATHER_WINDOW = timedelta(hours=24)
@@ -204,7 +204,7 @@ def auto_reply_batch(ctxs: list[ConsumerContext]) -> list[str] | None:
             outcomes[n] = "answered 1"
     registry.replies(answers)
     answered = [(ctx.update.chat_id, ctx.update.message_id) for ctx, _ in answers]
-    outbox_dispatch.after_sends(lambda: transitions.note_chats_answered(bot_id=bot.pk, answered=answered))
+    after_held_sends(lambda: transitions.note_chats_answered(bot_id=bot.pk, answered=answered))
     return [outcomes[n] for n in range(len(ctxs))]
 
 
@@ -225,7 +225,7 @@ def _answer_write(ctx: ConsumerContext, reply: str) -> str:
     # debounce nothing reads the guard before answering, so it waits until the reply is sent
     # (a worker sending what it wrote): one statement fewer before the request.
     ctx.reply(reply)
-    outbox_dispatch.after_sends(
+    after_held_sends(
         lambda: transitions.note_chat_answered(
             bot_id=update.bot_id, chat_id=update.chat_id, message_id=update.message_id
         )

@@ -1,5 +1,5 @@
 """Retention of the inbox: dedupe rows (updates), their text, and the reply guard (chat
-states). Batched and budgeted by outbox/retention.py; the sweeper runs the tasks.
+states). Batched and budgeted by the outbox's retention steps (outbox/retention.py); the sweeper runs the tasks.
 
 Whatever the settings: an update is kept at least 24 hours (Telegram's redelivery window), and
 longer while a run may still read it or a dead letter of it is open, with every message it
@@ -19,8 +19,17 @@ from django.utils import timezone
 
 from bots.models import ChatState, ConsumerRun, HandlerCall, InboundUpdate, RunState, UpdateState
 from bots.replies import GATHER_WINDOW
-from outbox import retention
 from outbox.models import DeadLetter, DeadLetterStatus
+from outbox.services import (
+    RetentionStep,
+    RetentionTask,
+    retention_batch_size,
+    retention_boundary_id,
+    retention_cutoff_not_before_ledger,
+    retention_days_setting,
+    retention_delete_step,
+    retention_ledger_cutoff,
+)
 
 UNFINISHED_RUNS = [RunState.PENDING, RunState.RUNNING, RunState.RETRY]
 
@@ -103,7 +112,7 @@ def _change_batch(qs: QuerySet[Any], oldest_first: str, size: int | None, **valu
         ids = list(
             qs.order_by(oldest_first)
             .select_for_update(skip_locked=True)
-            .values_list("pk", flat=True)[: size or retention.batch_size()]
+            .values_list("pk", flat=True)[: size or retention_batch_size()]
         )
         if ids:
             qs.model.objects.filter(pk__in=ids).update(**values)
@@ -119,8 +128,8 @@ def inbound_payloads_purge_batch(older_than: datetime, *, size: int | None = Non
     )
 
 
-def _purge_step(older_than: datetime, purge: Any = None) -> retention.Step:
-    size = retention.batch_size()
+def _purge_step(older_than: datetime, purge: Any = None) -> RetentionStep:
+    size = retention_batch_size()
     purge = purge or inbound_payloads_purge_batch
 
     def step() -> tuple[int, bool]:
@@ -130,7 +139,7 @@ def _purge_step(older_than: datetime, purge: Any = None) -> retention.Step:
     return step
 
 
-def tasks(now: datetime) -> list[retention.Task]:
+def tasks(now: datetime) -> list[RetentionTask]:
     """The inbox's retention tasks as of `now`:
 
     - update payloads are cut to their update_id after DOVECOTE_PAYLOAD_RETENTION_DAYS, and
@@ -140,35 +149,35 @@ def tasks(now: datetime) -> list[retention.Task]:
       dead letter of theirs is open (0 keeps them);
     - chat states go after DOVECOTE_CHAT_STATE_RETENTION_DAYS of quiet (0 keeps them).
     """
-    ledger = retention.ledger_cutoff(now)
+    ledger = retention_ledger_cutoff(now)
     # Never inside the window a burst's answer gathers texts from.
     payload_days = timedelta(days=max(0, int(settings.DOVECOTE_PAYLOAD_RETENTION_DAYS)))
     payload_cutoff = now - max(payload_days, GATHER_WINDOW)
     result = [
-        retention.Task("inbound_payloads_purged", _purge_step(payload_cutoff)),
-        retention.Task("handler_results_purged", _purge_step(payload_cutoff, handler_results_purge_batch)),
+        RetentionTask("inbound_payloads_purged", _purge_step(payload_cutoff)),
+        RetentionTask("handler_results_purged", _purge_step(payload_cutoff, handler_results_purge_batch)),
     ]
-    boundary = retention.boundary_id(InboundUpdate, "received_at", ledger)
+    boundary = retention_boundary_id(InboundUpdate, "received_at", ledger)
     if boundary is not None:
         result.append(
-            retention.Task("updates_pruned", retention.delete_step(lambda: updates_prunable_qs(ledger, boundary), "pk"))
+            RetentionTask("updates_pruned", retention_delete_step(lambda: updates_prunable_qs(ledger, boundary), "pk"))
         )
-    failed_days = retention.days_setting("DOVECOTE_FAILED_RETENTION_DAYS")
+    failed_days = retention_days_setting("DOVECOTE_FAILED_RETENTION_DAYS")
     if failed_days > 0:
-        failed = retention.cutoff_not_before_ledger(now, failed_days)
-        failed_boundary = retention.boundary_id(InboundUpdate, "received_at", failed)
+        failed = retention_cutoff_not_before_ledger(now, failed_days)
+        failed_boundary = retention_boundary_id(InboundUpdate, "received_at", failed)
         if failed_boundary is not None:
             result.append(
-                retention.Task(
+                RetentionTask(
                     "updates_pruned",
-                    retention.delete_step(lambda: updates_failed_prunable_qs(failed, failed_boundary), "pk"),
+                    retention_delete_step(lambda: updates_failed_prunable_qs(failed, failed_boundary), "pk"),
                 )
             )
-    chat_days = retention.days_setting("DOVECOTE_CHAT_STATE_RETENTION_DAYS")
+    chat_days = retention_days_setting("DOVECOTE_CHAT_STATE_RETENTION_DAYS")
     if chat_days > 0:
         # Never inside the window a new burst gathers from, nor while dedupe rows of the
         # chat's old updates could still let one in.
-        chats = min(retention.cutoff_not_before_ledger(now, chat_days), now - GATHER_WINDOW)
-        step = retention.delete_step(lambda: chat_states_prunable_qs(chats), "updated_at")
-        result.append(retention.Task("chat_states_pruned", step))
+        chats = min(retention_cutoff_not_before_ledger(now, chat_days), now - GATHER_WINDOW)
+        step = retention_delete_step(lambda: chat_states_prunable_qs(chats), "updated_at")
+        result.append(RetentionTask("chat_states_pruned", step))
     return result

@@ -2,9 +2,9 @@
 
 from celery import Task, shared_task
 
-from bots import services
+from bots import routing, runs
 
-# A router hands its worker back after its time budget (services.ROUTE_TIME_BUDGET_SECONDS)
+# A router hands its worker back after its time budget (routing.ROUTE_TIME_BUDGET_SECONDS)
 # and its inline sends wait for a slow Bot API only briefly: one still running after these
 # is stuck (an inline consumer that hangs), and Celery ends it; the runs it held are taken
 # over once their leases run out, and its wake-up key expires for the next router.
@@ -16,7 +16,7 @@ ROUTER_TIME_LIMIT = 90
     name="bots.route_update", ignore_result=True, soft_time_limit=ROUTER_SOFT_TIME_LIMIT, time_limit=ROUTER_TIME_LIMIT
 )
 def route_update(update_pk: int) -> int:
-    return len(services.inbox_update_route(update_pk))
+    return len(routing.inbox_update_route(update_pk))
 
 
 @shared_task(
@@ -28,9 +28,9 @@ def route_update(update_pk: int) -> int:
 )
 def route_bot(self: Task, bot_id: int) -> int:
     # A worker's router lingers for the next update; one run eagerly (in-process) does not.
-    return services.inbox_router_run(bot_id, linger=not self.request.is_eager)
+    return routing.inbox_router_run(bot_id, linger=not self.request.is_eager)
 
 
 @shared_task(name="bots.run_consumer", ignore_result=True)
 def run_consumer(run_pk: int) -> str:
-    return services.consumer_run_execute(run_pk)
+    return runs.consumer_run_execute(run_pk)

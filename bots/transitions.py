@@ -11,13 +11,13 @@ Chat: last answered message id only moves forward (the reply guard).
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from functools import cache
 from typing import Any
 
 from django.db.models import F, Q
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
+from bots import sql
 from bots.models import Bot, ChatState, ConsumerRun, InboundUpdate, RunState, UpdateState
 from core import rows
 
@@ -43,7 +43,7 @@ def updates_to_route(
     bot_fields = len(Bot._meta.concrete_fields)
     found = []
     bot: Bot | None = None  # every row is of one bot, read once by the statement: one instance
-    for row in rows.fetch(_updates_to_route_sql(bot_id is not None, bool(circuits)), params):
+    for row in rows.fetch(sql.updates_to_route(by_bot=bot_id is not None, with_circuits=bool(circuits)), params):
         update = rows.from_row(InboundUpdate, row[:update_fields])
         if bot is None:
             bot = rows.from_row(Bot, row[update_fields : update_fields + bot_fields])
@@ -52,27 +52,6 @@ def updates_to_route(
             update.unsettled_circuits = row[-1]
         found.append(update)
     return found
-
-
-@cache
-def _updates_to_route_sql(by_bot: bool, with_circuits: bool) -> str:
-    from outbox.models import Circuit, CircuitState
-
-    updates, bots = InboundUpdate._meta.db_table, Bot._meta.db_table
-    # The states are in the text, not parameters: a prepared statement's generic plan can
-    # then still use the partial index of new updates (inbox_new_idx).
-    unsettled = (
-        f", ARRAY(SELECT scope FROM {Circuit._meta.db_table} WHERE scope = ANY(%s::text[])"  # noqa: S608 - _meta
-        f" AND NOT (state = '{CircuitState.CLOSED.value}' AND consecutive_failures = 0))"
-        if with_circuits
-        else ""
-    )
-    return (
-        f"SELECT {rows.selected_columns(InboundUpdate, 'u')}, {rows.selected_columns(Bot, 'b')}{unsettled}"  # noqa: S608 - _meta
-        f" FROM {updates} u JOIN {bots} b ON b.id = u.bot_id"
-        f" WHERE u.{'bot_id' if by_bot else 'id'} = %s AND u.state = '{UpdateState.NEW.value}'"
-        " ORDER BY u.id LIMIT %s"
-    )
 
 
 def route(updates: list[InboundUpdate], runs: list[ConsumerRun]) -> set[int]:
@@ -86,21 +65,12 @@ def route(updates: list[InboundUpdate], runs: list[ConsumerRun]) -> set[int]:
     if not updates:
         return set()
     now = timezone.now()
-    ids = [u.pk for u in updates]
-    table = InboundUpdate._meta.db_table
-    # SKIP LOCKED: an update another router is marking is its own, and this one never
-    # waits for it. A plain UPDATE of `id = ANY(…)` locked the rows in whatever order its
-    # scan met them, and two routers whose batches overlapped deadlocked (PostgreSQL broke
-    # it after its deadlock_timeout of 1 s, and the batch it rolled back waited for a
-    # router after it).
+    # An update another router is marking is its own (SKIP LOCKED: sql.ROUTE_MARK says why).
     return rows.insert_many_with(
         runs,
         unique=("update_id", "consumer"),
-        mark=f"WITH picked AS MATERIALIZED (SELECT id FROM {table} WHERE id = ANY(%s::bigint[])"  # noqa: S608
-        " AND state = %s FOR UPDATE SKIP LOCKED)"
-        f" UPDATE {table} u SET state = %s, processed_at = %s, attempts = u.attempts + 1"
-        " FROM picked WHERE u.id = picked.id RETURNING u.id",
-        mark_params=[ids, UpdateState.NEW, UpdateState.DONE, now],
+        mark=sql.ROUTE_MARK,
+        mark_params=[[u.pk for u in updates], now],
         of="update_id",
         async_commit=True,
     )
@@ -135,15 +105,7 @@ def claim_runs(run_ids: list[int], *, worker: str, lease: timedelta) -> dict[int
     if not run_ids:
         return {}
     now = timezone.now()
-    table = ConsumerRun._meta.db_table
-    claimed = rows.fetch(
-        f"""UPDATE {table} SET state = %s, lease_owner = %s, lease_expires_at = %s,
-                   attempts = attempts + 1, updated_at = %s
-            WHERE id = ANY(%s::bigint[]) AND state IN (%s, %s) AND next_attempt_at <= %s
-            RETURNING id, attempts""",  # noqa: S608 - the table from _meta, values as parameters
-        [RunState.RUNNING, worker, now + lease, now, run_ids, *RUN_WAITING, now],
-    )
-    return dict(claimed)
+    return dict(rows.fetch(sql.CLAIM_RUNS, [worker, now + lease, now, run_ids, now]))
 
 
 def renew_run_leases(run_ids: list[int], *, worker: str, lease: timedelta) -> int:
@@ -172,13 +134,9 @@ def mark_runs_done(outcomes: dict[int, str], *, worker: str) -> int:
     if not outcomes:
         return 0
     now = timezone.now()
-    table = ConsumerRun._meta.db_table
     return rows.execute(
-        f"""UPDATE {table} AS r SET state = %s, finished_at = %s, updated_at = %s, lease_owner = '',
-                   lease_expires_at = NULL, last_error = '', outcome = v.outcome
-            FROM unnest(%s::bigint[], %s::text[]) AS v (id, outcome)
-            WHERE r.id = v.id AND r.state = %s AND r.lease_owner = %s""",  # noqa: S608 - as above
-        [RunState.DONE, now, now, list(outcomes), [o[:64] for o in outcomes.values()], RunState.RUNNING, worker],
+        sql.MARK_RUNS_DONE,
+        [now, now, list(outcomes), [o[:64] for o in outcomes.values()], worker],
         async_commit=True,
     )
 
@@ -282,23 +240,9 @@ def release_own_runs(*, worker: str, claimed_before: datetime, alive: list[int] 
     did not fail, so the attempt is given back (max_attempts + 1, as an auth pause). Returns
     their ids."""
     now = timezone.now()
-    table = ConsumerRun._meta.db_table
     released = rows.fetch(
-        f"""UPDATE {table} SET state = %s, next_attempt_at = %s, lease_owner = '', lease_expires_at = NULL,
-                   updated_at = %s, max_attempts = max_attempts + 1,
-                   last_error = %s, last_error_class = 'transient'
-            WHERE state = %s AND lease_owner = %s AND updated_at < %s AND NOT (id = ANY(%s::bigint[]))
-            RETURNING id""",  # noqa: S608 - the table from _meta, values as parameters
-        [
-            RunState.RETRY,
-            now,
-            now,
-            "its worker lost PostgreSQL or Redis mid-run",
-            RunState.RUNNING,
-            worker,
-            claimed_before,
-            list(alive or ()),
-        ],
+        sql.RELEASE_OWN_RUNS,
+        [now, now, "its worker lost PostgreSQL or Redis mid-run", worker, claimed_before, list(alive or ())],
     )
     return [pk for (pk,) in released]
 
@@ -381,17 +325,4 @@ def note_chats_answered(*, bot_id: int, answered: list[tuple[int, int]]) -> None
     if not newest:
         return
     now = timezone.now()
-    # ORDER BY: every router locks the chats' rows in chat-id order; two routers whose
-    # batches shared chats, each taking them in its own order, deadlocked.
-    table = ChatState._meta.db_table
-    rows.execute(
-        f"""INSERT INTO {table} (bot_id, chat_id, last_answered_message_id, last_answered_at, updated_at)
-            SELECT %s, chat_id, message_id, %s, %s FROM unnest(%s::bigint[], %s::bigint[]) AS a(chat_id, message_id)
-            ORDER BY chat_id
-            ON CONFLICT (bot_id, chat_id) DO UPDATE SET
-              last_answered_message_id = GREATEST({table}.last_answered_message_id,
-                                                  EXCLUDED.last_answered_message_id),
-              last_answered_at = EXCLUDED.last_answered_at, updated_at = EXCLUDED.updated_at""",  # noqa: S608
-        [bot_id, now, now, list(newest), list(newest.values())],
-        async_commit=True,
-    )
+    rows.execute(sql.NOTE_CHATS_ANSWERED, [bot_id, now, now, list(newest), list(newest.values())], async_commit=True)

@@ -14,8 +14,8 @@ from django.db import DatabaseError, DataError, InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
+from bots.inbox import inbox_update_receive, new_trace_id, webhook_bot
 from bots.models import Bot
-from bots.services import inbox_update_receive, new_trace_id, webhook_bot
 from core import metrics
 from core.logs import current_trace_id
 from core.payloads import MAX_JSON_DEPTH, json_depth

@@ -220,7 +220,7 @@ class Deferred:
 
     def __init__(
         self,
-        wake_up: Callable[[int, list[int]], None],
+        wake_up: Callable[[int, list[int]], object],
         *,
         interval: float = 0.01,
         at_once: Callable[[int, int], bool | None] | None = None,

@@ -187,6 +187,12 @@ def _default_timeout() -> float:
     return policy.answer_wait_seconds()
 
 
+def process_loop() -> asyncio.AbstractEventLoop:
+    """This process's Telegram loop (bots/aio.py runs awaiting consumers and python-telegram-bot's
+    handlers on it too)."""
+    return _process_loop.loop()
+
+
 def run_sync(coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
     """Run a coroutine on this process's Telegram loop and wait for it."""
     return _process_loop.run(coro, _default_timeout() if timeout is None else timeout)

@@ -109,3 +109,18 @@ def api_client_payload_access(user: Model) -> bool:
     if getattr(user, "is_superuser", False):
         return True
     return ApiClient.objects.filter(user=user, payload_access=True).exists()
+
+
+# --- The outbox's reads for the bots app ----------------------------------------------------
+# bots uses the outbox through services, selectors (here), models and botapi only (the
+# import-linter contract "bots uses the outbox through its surface", pyproject.toml).
+from outbox import methods as _methods  # noqa: E402
+from outbox import policy as _policy  # noqa: E402
+
+# A consumer's circuit scope (`consumer:<name>`).
+consumer_scope = circuits.consumer_scope
+# The Bot API methods the outbox sends, and the key prefix of a call whose whole result is kept.
+SUPPORTED_METHODS = _methods.SUPPORTED_METHODS
+FULL_RESULT_KEY_PREFIX = _methods.FULL_RESULT_KEY_PREFIX
+# The longest countdown given to the broker; a later task is published by the sweeper when due.
+MAX_BROKER_COUNTDOWN_SECONDS = _policy.MAX_BROKER_COUNTDOWN_SECONDS

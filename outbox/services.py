@@ -634,3 +634,36 @@ def outbound_messages_purge_payloads(*, older_than: datetime | None = None, batc
     while n := retention.outbound_payloads_purge_batch(older_than, size=batch_size):
         purged += n
     return purged
+
+
+# --- The outbox's actions for the bots app --------------------------------------------------
+# bots uses the outbox through services (actions, here), selectors (reads), models and the Bot
+# API client (botapi), nothing else: the import-linter contract "bots uses the outbox through
+# its surface" (pyproject.toml) checks it. Each an explicit name for an outbox function.
+from outbox import circuits as _circuits  # noqa: E402
+from outbox import effects as _effects  # noqa: E402
+from outbox.sending import single as _single  # noqa: E402
+
+# A consumer's circuit: opened for an auth error (its wait returned), closed again on success.
+circuit_open_for_auth = _circuits.open_for_auth
+circuit_record_success = _circuits.record_success
+# The replies written in a `with outbound_messages_holding() as held:` block are kept for the
+# writer to send right after (`outbound_messages_send_held`); bookkeeping that may wait for
+# those sends goes to `after_held_sends`.
+outbound_messages_holding = outbox_dispatch.holding
+outbound_messages_send_held = _single.send_held
+after_held_sends = outbox_dispatch.after_sends
+# The effect ledger: a side effect outside Telegram done at most once per key.
+effect = _effects.effect
+effect_run = _effects.effect_run
+EffectInProgress = _effects.EffectInProgress
+EffectAmbiguous = _effects.EffectAmbiguous
+# Retention's budgeted, batched steps, which the inbox's retention tasks are built of.
+RetentionStep = retention.Step
+RetentionTask = retention.Task
+retention_batch_size = retention.batch_size
+retention_delete_step = retention.delete_step
+retention_boundary_id = retention.boundary_id
+retention_ledger_cutoff = retention.ledger_cutoff
+retention_days_setting = retention.days_setting
+retention_cutoff_not_before_ledger = retention.cutoff_not_before_ledger

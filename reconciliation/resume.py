@@ -19,9 +19,10 @@ import redis
 from django.conf import settings
 from django.utils import timezone
 
-from bots import services as bot_services
 from bots import transitions as bot_transitions
 from bots.models import ConsumerRun, InboundUpdate, RunState, UpdateState
+from bots.routing import inbox_router_wake
+from bots.runs import dispatch_run
 from core import connections, wakeups
 from core.workers import lease_keeper, worker_id
 from outbox import circuits, dispatch
@@ -56,7 +57,7 @@ def own_claims(before: datetime) -> dict[str, int]:
     alive = lease_keeper.held("run")
     runs = bot_transitions.release_own_runs(worker=worker, claimed_before=before, alive=alive)
     for pk in runs:
-        bot_services.dispatch_run(pk)
+        dispatch_run(pk)
     sends = {"released": 0, "unknown": 0}
     released = []
     claimed = OutboundMessage.objects.filter(state=State.SENDING, lease_owner=worker, updated_at__lt=before)
@@ -86,10 +87,10 @@ def hand_on_waiting() -> dict[str, int]:
     new = InboundUpdate.objects.filter(state=UpdateState.NEW, next_attempt_at__lte=now)
     for bot_id in new.order_by().values_list("bot_id", flat=True).distinct()[:BATCH]:
         wakeups.release(wakeups.key("router", bot_id))
-        report["routers"] += bool(bot_services.inbox_router_wake(bot_id))
+        report["routers"] += bool(inbox_router_wake(bot_id))
     due_runs = ConsumerRun.objects.filter(state__in=[RunState.PENDING, RunState.RETRY], next_attempt_at__lte=now)
     for pk, consumer in due_runs.order_by("next_attempt_at").values_list("pk", "consumer")[:BATCH]:
-        report["runs_dispatched"] += bool(bot_services.dispatch_run(pk, consumer=consumer))
+        report["runs_dispatched"] += bool(dispatch_run(pk, consumer=consumer))
     due = OutboundMessage.objects.filter(state__in=[State.PENDING, State.RETRY], next_attempt_at__lte=now)
     for bot_id, broadcast in due.order_by().values_list("bot_id", "broadcast").distinct()[:BATCH]:
         if broadcast:

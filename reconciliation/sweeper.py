@@ -27,9 +27,10 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from bots import registry
-from bots import services as bot_services
 from bots import transitions as bot_transitions
 from bots.models import Bot, ConsumerRun, InboundUpdate, RunState, UpdateState
+from bots.routing import dispatch_update
+from bots.runs import consumer_run_end_stale, consumer_run_recover_expired, dispatch_run
 from core import connections, metrics
 from outbox import chat_order, circuits, dispatch, policy
 from outbox import transitions as outbox_transitions
@@ -163,34 +164,34 @@ def _ids(qs: QuerySet[Any], order: str, limit: int = BATCH) -> list[int]:
 def _recover_inbox(now: datetime, report: dict[str, int]) -> None:
     # Updates stored but never routed (the publish failed or was lost).
     for pk in _ids(updates_unrouted_qs(now), "next_attempt_at"):
-        if bot_transitions.make_update_due(pk, now=now) and bot_services.dispatch_update(pk):
+        if bot_transitions.make_update_due(pk, now=now) and dispatch_update(pk):
             report["updates_redispatched"] += 1
 
 
 def _recover_runs(now: datetime, report: dict[str, int]) -> None:
     # A lost worker's run: that attempt failed. Retried with backoff, or dead-lettered when
-    # it was the last one (bots.services.consumer_run_recover_expired).
+    # it was the last one (bots.runs.consumer_run_recover_expired).
     for pk in _ids(runs_expired_qs(now), "lease_expires_at"):
-        outcome = bot_services.consumer_run_recover_expired(pk)
+        outcome = consumer_run_recover_expired(pk)
         if outcome == "released":
             report["runs_released"] += 1
         elif outcome == "dead-lettered":
             report["runs_dead_lettered"] += 1
     # Runs older than their consumer's max age are not run late: cancelled with a reason, or
-    # dead-lettered when a failure is on record (bots.services.consumer_run_end_stale).
+    # dead-lettered when a failure is on record (bots.runs.consumer_run_end_stale).
     for spec in registry.registered().values():
         cutoff = now - spec.max_age
         runs = ConsumerRun.objects.select_related("update").filter(
             pk__in=_ids(runs_too_old_qs(spec.name, cutoff), "next_attempt_at")
         )
         for run in runs:
-            outcome = bot_services.consumer_run_end_stale(run, spec=spec)
+            outcome = consumer_run_end_stale(run, spec=spec)
             if outcome == "cancelled":
                 report["runs_cancelled_too_old"] += 1
             elif outcome == "dead-lettered":
                 report["runs_dead_lettered_too_old"] += 1
     for pk in _ids(runs_due_qs(now), "next_attempt_at"):
-        if bot_transitions.make_run_due(pk, now=now) and bot_services.dispatch_run(pk):
+        if bot_transitions.make_run_due(pk, now=now) and dispatch_run(pk):
             report["runs_redispatched"] += 1
 
 
@@ -289,7 +290,7 @@ def _publish_upcoming(now: datetime, report: dict[str, int]) -> None:
         if dispatch.dispatch(pk, countdown=max(0.0, (due - now).total_seconds()), bulk=bool(broadcast)):
             report["messages_published_ahead"] += 1
     for pk, due in runs_upcoming_qs(now).order_by("next_attempt_at").values_list("pk", "next_attempt_at")[:BATCH]:
-        if bot_services.dispatch_run(pk, countdown=max(0.0, (due - now).total_seconds())):
+        if dispatch_run(pk, countdown=max(0.0, (due - now).total_seconds())):
             report["runs_published_ahead"] += 1
 
 

@@ -22,9 +22,9 @@ from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from bots import registry
-from bots import services as bot_services
 from bots import transitions as bot_transitions
 from bots.models import ConsumerRun, RunState
+from bots.runs import dispatch_run
 from core.publishing import publish
 from outbox import circuits
 from outbox import services as outbox_services
@@ -219,7 +219,7 @@ def _requeue(
         run_id = letter.consumer_run_id
         if not bot_transitions.reset_run_for_retry(run_id, from_states=[RunState.FAILED]):
             return RetryResult(SKIPPED, "the run changed meanwhile")
-        transaction.on_commit(lambda: bot_services.dispatch_run(run_id))
+        transaction.on_commit(lambda: dispatch_run(run_id))
         what = f"consumer run {run_id} ({letter.consumer}) queued again with key {letter.idempotency_key}"
     outbox_transitions.close_dead_letter(
         letter.pk, status=DeadLetterStatus.REQUEUED, note=f"requeued by {user or 'system'}: {reason}"

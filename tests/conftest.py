@@ -14,9 +14,9 @@ from django.db import connection
 from django.test import override_settings
 
 from bots.models import Bot
+from bots.routing import inbox_router_wakes_flush
 from bots.sandbox.client import SandboxClient
 from bots.sandbox.server import SandboxServer
-from bots.services import inbox_router_wakes_flush
 from core import publishing
 from outbox import ratelimit
 from tests.support import Process, base_env, point_celery_at, require_tool, start_web, start_worker
@@ -40,7 +40,7 @@ def _clean_redis() -> Iterator[None]:
     ratelimit._limiter.cache_clear()
     publishing.reset()
     yield
-    # A webhook request's router wake-up leaves from a thread (bots.services): let it land
+    # A webhook request's router wake-up leaves from a thread (bots/routing.py): let it land
     # in this test's keys, not the next test's.
     inbox_router_wakes_flush(timeout=5)
     _delete_run_keys(client)

@@ -17,8 +17,9 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from prometheus_client import REGISTRY
 
-from bots import services as bot_services
 from bots.models import Bot, ConsumerRun, InboundUpdate
+from bots.routing import inbox_update_route
+from bots.runs import consumer_run_execute
 from core import metrics
 from outbox.models import OutboundMessage, State
 from outbox.sending.single import outbound_message_send
@@ -110,11 +111,11 @@ def test_a_run_in_a_task_of_its_own_and_its_reply_sent_alone_are_counted_the_sam
     client: Client, bot_factory, sandbox
 ) -> None:
     bot, update = stored_update(client, bot_factory)
-    bot_services.inbox_update_route(update.pk)
+    inbox_update_route(update.pk)
     run = ConsumerRun.objects.get(update=update, consumer="auto_reply")
 
     with Moves("dovecote_consumer_runs_total", consumer="auto_reply", outcome="done") as runs:
-        assert bot_services.consumer_run_execute(run.pk) == "done"
+        assert consumer_run_execute(run.pk) == "done"
     reply = OutboundMessage.objects.get(source_update=update)
     with (
         Moves("dovecote_sends_total", bot=bot.name, method="sendMessage", outcome="ok") as sends,

@@ -28,11 +28,16 @@ from bots.models import Bot, InboundUpdate
 from bots.ptb.models import CallKind, HandlerCall
 from bots.ptb.persistence import Snapshot
 from core.failpoints import failpoint
-from outbox import botapi, effects
-from outbox import dispatch as outbox_dispatch
-from outbox.methods import FULL_RESULT_KEY_PREFIX, SUPPORTED_METHODS
+from outbox import botapi
 from outbox.models import ErrorClass, OutboundMessage, State
-from outbox.sending import single
+from outbox.selectors import FULL_RESULT_KEY_PREFIX, SUPPORTED_METHODS
+from outbox.services import (
+    EffectAmbiguous,
+    EffectInProgress,
+    effect,
+    outbound_messages_holding,
+    outbound_messages_send_held,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -181,9 +186,7 @@ class Handling:
         if kind == CallKind.REFUSED:
             return _record_error(
                 row,
-                telegram_error(
-                    400, f"Dovecote delivers this bot's updates: {method} is not available to its handlers"
-                ),
+                telegram_error(400, f"Dovecote delivers this bot's updates: {method} is not available to its handlers"),
             )
         if kind == CallKind.READ:
             return self._read(row, method, params)
@@ -212,7 +215,7 @@ class Handling:
 
         if row is None:
             payload = {k: v for k, v in params.items() if k != "chat_id"}
-            with outbox_dispatch.holding() as held:
+            with outbound_messages_holding() as held:
                 try:
                     with transaction.atomic():
                         message, _ = outbound_message_enqueue(
@@ -232,14 +235,16 @@ class Handling:
                     row = self._journal(ordinal, method, target, CallKind.OUTBOX)
                     return _record_error(row, telegram_error(400, f"Bad Request: {exc}"))
             failpoint("ptb_after_journal")
-            single.send_held(held, bots={self.update.bot_id: self.update.bot})
+            outbound_messages_send_held(held, bots={self.update.bot_id: self.update.bot})
         elif row.message_id is not None:
             # Journaled by an earlier run and not answered yet: send it if it waits and is due.
             waiting = OutboundMessage.objects.filter(
                 pk=row.message_id, state__in=[State.PENDING, State.RETRY], next_attempt_at__lte=timezone.now()
             ).exists()
             if waiting:
-                single.send_held([(row.message_id, self.update.bot_id)], bots={self.update.bot_id: self.update.bot})
+                outbound_messages_send_held(
+                    [(row.message_id, self.update.bot_id)], bots={self.update.bot_id: self.update.bot}
+                )
         return _message_outcome(row)
 
     # --- reads: live, recorded ------------------------------------------------------------
@@ -259,7 +264,7 @@ class Handling:
     ) -> Answer:
         key = effect_key(self.update, self.consumer, ordinal)
         try:
-            with effects.effect(key, trace_id=self.trace_id, not_applied=(_NotApplied,)) as handle:
+            with effect(key, trace_id=self.trace_id, not_applied=(_NotApplied,)) as handle:
                 if not handle.done:
                     if upload is None:
                         outcome = _call_live(self.bot, method, params)
@@ -278,9 +283,9 @@ class Handling:
                         raise _NotApplied(outcome)
         except _NotApplied as exc:
             raise _waiting_after(exc.outcome, f"{method} was not sent: {exc.outcome.description}") from None
-        except effects.EffectInProgress as exc:
+        except EffectInProgress as exc:
             raise Suspended(_soon(WAIT_FOR_SEND_SECONDS), str(exc)) from None
-        except (effects.EffectAmbiguous, _MaybeApplied) as exc:
+        except (EffectAmbiguous, _MaybeApplied) as exc:
             raise Suspended(_soon(WAIT_FOR_DECISION_SECONDS), f"{method}: outcome unknown ({exc})") from None
         failpoint("ptb_after_effect")  # the effect is done and recorded, its journal row not answered
         stored = handle.result if isinstance(handle.result, dict) else {}

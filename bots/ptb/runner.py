@@ -116,7 +116,7 @@ def _earlier_run_unfinished(ctx: ConsumerContext) -> bool:
 def _wake_next_in_chat(ctx: ConsumerContext) -> None:
     """The chat's next run, waiting for this one, is due now (as the outbox's chat order
     hands a chat's next message on)."""
-    from bots.services import dispatch_run
+    from bots.runs import dispatch_run
 
     following = _chat_runs(ctx).filter(update_id__gt=ctx.update.pk).order_by("update_id").first()
     if following is not None and following.state != RunState.RUNNING:

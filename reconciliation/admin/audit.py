@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.contrib import admin
 from django.utils.text import Truncator
 
-from outbox.admin import ReadOnlyAdmin
+from core.admin_tools import ReadOnlyAdmin
 from reconciliation.models import AuditEntry
 
 

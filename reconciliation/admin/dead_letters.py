@@ -19,9 +19,9 @@ from django.urls import path, reverse
 from django.utils.html import format_html
 from django.utils.text import Truncator
 
+from core.admin_tools import ExactSearchMixin, RedactedFieldsMixin
 from core.logs import redact
 from core.masking import can_view_payload, for_user
-from outbox.admin import ExactSearchMixin, RedactedFieldsMixin
 from outbox.models import DeadLetter, DeadLetterStatus, ErrorClass
 from reconciliation import services, triage
 from reconciliation.admin.confirm import confirm_page

@@ -9,8 +9,8 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
+from bots.admin import ConsumerNameFilter
 from core.ids import int64_or_none
-from outbox.admin import ConsumerNameFilter
 
 
 class AgeBucketFilter(admin.SimpleListFilter):

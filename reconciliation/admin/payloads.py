@@ -9,9 +9,9 @@ from django.contrib import admin
 from django.http import HttpRequest
 from django.utils.html import format_html
 
+from core.admin_tools import ReadOnlyAdmin
 from core.masking import can_view_payload, shown
 from core.payloads import pretty_json
-from outbox.admin import ReadOnlyAdmin
 from reconciliation.models import PayloadVersion
 
 

@@ -22,8 +22,10 @@ import httpx
 from django.conf import settings
 from django.utils import timezone
 
+from bots.inbox import inbox_update_store
 from bots.models import Bot, ConsumerRun, InboundUpdate, RunState
-from bots.services import consumer_run_execute, inbox_update_route, inbox_update_store, inbox_updates_route
+from bots.routing import inbox_update_route, inbox_updates_route
+from bots.runs import consumer_run_execute
 from outbox.models import OutboundMessage, State
 from outbox.sending.late import late_answers
 from tests.outbox.helpers import drive

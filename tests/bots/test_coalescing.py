@@ -77,7 +77,7 @@ def test_a_router_pass_answers_a_quiet_chat_and_defers_a_busy_one_each_run_once(
     InboundUpdate.objects.filter(pk=quiet.pk).update(received_at=timezone.now() - timedelta(seconds=10))
     busy = store(bot, message_update(chat_id=22, text="hi", message_id=1))
 
-    with caplog.at_level("WARNING", logger="bots.services"):
+    with caplog.at_level("WARNING", logger="bots.runs"):
         assert route_all(bot) == 2
 
     # One router pass, each run settled once: the quiet chat's answered (and sent), the

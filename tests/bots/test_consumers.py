@@ -16,8 +16,9 @@ from django.test import override_settings
 from django.utils import timezone
 
 from bots import registry
+from bots.inbox import inbox_update_store
 from bots.models import AnalyticsEvent, ConsumerRun, InboundUpdate, RunState
-from bots.services import consumer_run_execute, inbox_update_store
+from bots.runs import consumer_run_execute
 from outbox.models import DeadLetter, OutboundMessage, State
 from tests.bots.fakes import (
     FakeCRM,

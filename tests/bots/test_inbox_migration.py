@@ -11,8 +11,8 @@ import pytest
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
+from bots.inbox import inbox_update_store
 from bots.models import InboundUpdate, UpdateState
-from bots.services import inbox_update_store
 from tests.bots.test_webhook import message_update
 
 pytestmark = pytest.mark.django_db(transaction=True)

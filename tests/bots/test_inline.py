@@ -12,9 +12,10 @@ import pytest
 from django.test import override_settings
 from django.utils import timezone
 
-from bots import registry, services
+from bots import registry, routing
+from bots import runs as consumer_runs
+from bots.inbox import inbox_update_store
 from bots.models import ConsumerRun, RunState
-from bots.services import inbox_update_store
 from outbox import ratelimit
 from outbox.models import OutboundMessage, State
 from tests.bots.fakes import answered, message_update
@@ -32,13 +33,13 @@ def inline_work():
 def inbox_updates_route(bot_id: int) -> int:
     """A router pass, returning once its inline sends' answers are recorded (on a busy host
     a send may leave a slow answer to the late-answers thread)."""
-    routed = services.inbox_updates_route(bot_id)
+    routed = routing.inbox_updates_route(bot_id)
     answered()
     return routed
 
 
 def consumer_run_execute(run_pk: int) -> str:
-    outcome = services.consumer_run_execute(run_pk)
+    outcome = consumer_runs.consumer_run_execute(run_pk)
     answered()
     return outcome
 
@@ -108,11 +109,11 @@ def test_without_room_now_the_reply_goes_to_the_drain_untouched(bot_factory, san
 
 def test_an_update_run_here_logs_one_info_line_with_its_trace_id(bot, sandbox, caplog) -> None:
     store(bot, 506, 1, "log me")
-    with caplog.at_level("INFO", logger="bots.services"):
+    with caplog.at_level("INFO", logger="bots.routing"):
         inbox_updates_route(bot.pk)
 
     update = ConsumerRun.objects.filter(update__bot=bot).first().update
-    lines = [r for r in caplog.records if r.name == "bots.services" and r.levelname == "INFO"]
+    lines = [r for r in caplog.records if r.name == "bots.routing" and r.levelname == "INFO"]
     assert [r.getMessage() for r in lines] == [
         f"update {update.update_id} routed to auto_reply, analytics; ran here: auto_reply done, analytics done"
     ]

@@ -12,7 +12,7 @@ import time
 import pytest
 from django.db import connection
 
-from bots import registry, services
+from bots import inbox, registry, routing
 from bots.models import ConsumerRun, InboundUpdate, UpdateState
 from core.publishing import publish
 from tests.bots.fakes import message_update
@@ -41,7 +41,7 @@ class Router(threading.Thread):
     def run(self) -> None:
         started = time.monotonic()
         try:
-            self.routed = services.inbox_router_run(self.bot_id, linger=True)
+            self.routed = routing.inbox_router_run(self.bot_id, linger=True)
         finally:
             self.seconds = time.monotonic() - started
             connection.close()
@@ -118,7 +118,7 @@ def test_with_redis_failing_a_lingering_router_lets_go_at_once_and_loses_nothing
     forget_queued_tasks()
     with limiter_redis_at("redis://127.0.0.1:9/0"):
         started = time.monotonic()
-        assert services.inbox_router_run(bot.pk, linger=True) == 2
+        assert routing.inbox_router_run(bot.pk, linger=True) == 2
         assert time.monotonic() - started < 10.0
     assert routed_updates(bot) == 2
 
@@ -133,22 +133,22 @@ def test_an_update_stored_as_a_lingering_router_gives_up_is_still_routed(bot, se
         router = Router(bot.pk)
         router.start()
         time.sleep(0.3 + attempt * 0.01)
-        services.inbox_update_store(
+        inbox.inbox_update_store(
             bot=bot, payload=message_update(chat_id=1001 + attempt * 10, text="hi", message_id=1), wake_soon=True
         )
-        assert services.inbox_router_wakes_flush(timeout=10)
+        assert routing.inbox_router_wakes_flush(timeout=10)
         router.join(10)
         if queued_tasks():
             assert queued_tasks() == ["bots.route_bot"]
             forget_queued_tasks()
-            services.inbox_router_run(bot.pk)  # the worker that takes the new task
+            routing.inbox_router_run(bot.pk)  # the worker that takes the new task
         assert routed_updates(bot) == 2 * (attempt + 1)
 
 
 def test_a_router_does_not_linger_when_it_cannot_see_the_brokers_queues(settings) -> None:
     settings.CELERY_BROKER_URL = "amqp://guest@127.0.0.1:5672//"
-    assert services._router_linger_queues() is None
+    assert routing._router_linger_queues() is None
     settings.CELERY_BROKER_URL = settings.REDIS_URL
-    assert services._router_linger_queues() is not None
+    assert routing._router_linger_queues() is not None
     settings.DOVECOTE_ROUTER_LINGER_SECONDS = 0
-    assert services._router_linger_queues() is None
+    assert routing._router_linger_queues() is None

@@ -14,7 +14,7 @@ import redis
 from django.conf import settings
 from django.db import connection, transaction
 
-from bots import services
+from bots import inbox, routing
 from bots.models import ConsumerRun, InboundUpdate, RunState, UpdateState
 from core import wakeups
 from outbox.models import OutboundMessage, State
@@ -30,17 +30,17 @@ def store(bot, n: int, *, chat_id: int = 500) -> None:
     """As the webhook does: each update in its own transaction, the wake-up after commit."""
     for i in range(n):
         with transaction.atomic():
-            services.inbox_update_store(bot=bot, payload=message_update(chat_id=chat_id + i, text="hi", message_id=1))
+            inbox.inbox_update_store(bot=bot, payload=message_update(chat_id=chat_id + i, text="hi", message_id=1))
 
 
 def store_at_the_webhook(bot, n: int, *, chat_id: int = 700) -> None:
     """As the webhook view stores: the wake-up left to the process's wake-up thread, which
     has handed every one over when this returns."""
     for i in range(n):
-        services.inbox_update_store(
+        inbox.inbox_update_store(
             bot=bot, payload=message_update(chat_id=chat_id + i, text="hi", message_id=1), wake_soon=True
         )
-    assert services.inbox_router_wakes_flush(timeout=10)
+    assert routing.inbox_router_wakes_flush(timeout=10)
 
 
 def queued_tasks() -> list[str]:
@@ -55,13 +55,13 @@ def forget_queued_tasks() -> None:
 
 
 def test_a_burst_of_updates_wakes_one_router_which_routes_them_all_in_batches(bot, monkeypatch) -> None:
-    monkeypatch.setattr(services, "ROUTE_BATCH_SIZE", 7)
+    monkeypatch.setattr(routing, "ROUTE_BATCH_SIZE", 7)
     store(bot, 30)
     assert queued_tasks() == ["bots.route_bot"]
     assert queued()[0].args == [bot.pk]
     forget_queued_tasks()
 
-    assert services.inbox_router_run(bot.pk) == 30
+    assert routing.inbox_router_run(bot.pk) == 30
     assert not InboundUpdate.objects.filter(state=UpdateState.NEW).exists()
     # Every update got its runs, once each. The router ran them (the echo and analytics are
     # inline-safe): no run went to the workers, and the replies it had no slot for wait for
@@ -77,7 +77,7 @@ def test_a_burst_of_updates_wakes_one_router_which_routes_them_all_in_batches(bo
 def test_the_router_lets_go_of_its_wake_up_when_done_so_the_next_update_wakes_one(bot) -> None:
     store(bot, 2)
     forget_queued_tasks()
-    assert services.inbox_router_run(bot.pk) == 2
+    assert routing.inbox_router_run(bot.pk) == 2
     forget_queued_tasks()
 
     store(bot, 1, chat_id=900)
@@ -90,7 +90,7 @@ def test_an_update_stored_while_the_router_still_holds_the_wake_up_is_routed_by_
     store(bot, 1)
     assert queued_tasks() == []
     # ... and the running router, finding it on its way out, routes it.
-    assert services.inbox_router_run(bot.pk) == 1
+    assert routing.inbox_router_run(bot.pk) == 1
     assert InboundUpdate.objects.get().state == UpdateState.DONE
 
 
@@ -110,16 +110,16 @@ def test_updates_left_by_a_lost_router_are_dispatched_by_the_sweeper(bot, settin
     assert sweep()["updates_redispatched"] == 3
     assert queued_tasks() == ["bots.route_update"] * 3
     for task in queued():
-        services.inbox_update_route(*task.args)
+        routing.inbox_update_route(*task.args)
     assert not InboundUpdate.objects.filter(state=UpdateState.NEW).exists()
 
 
 def test_two_routers_of_one_bot_route_each_update_once(bot, monkeypatch) -> None:
-    monkeypatch.setattr(services, "ROUTE_BATCH_SIZE", 3)
+    monkeypatch.setattr(routing, "ROUTE_BATCH_SIZE", 3)
     store(bot, 40)
     forget_queued_tasks()
     # Two routers at once (a continuation beside a new wake-up): SKIP LOCKED keeps them apart.
-    routed = in_threads(2, lambda i: services.inbox_router_run(bot.pk))
+    routed = in_threads(2, lambda i: routing.inbox_router_run(bot.pk))
 
     assert sum(routed) == 40
     assert not InboundUpdate.objects.filter(state=UpdateState.NEW).exists()
@@ -145,7 +145,7 @@ def test_a_router_skips_the_updates_another_router_is_marking_and_never_waits_fo
             cursor.execute("SET lock_timeout = '5s'")  # a wait fails the test instead of hanging it
         try:
             started = time.monotonic()
-            assert services.inbox_updates_route(bot.pk) == 2
+            assert routing.inbox_updates_route(bot.pk) == 2
             assert time.monotonic() - started < 2
         finally:
             with connection.cursor() as cursor:
@@ -154,7 +154,7 @@ def test_a_router_skips_the_updates_another_router_is_marking_and_never_waits_fo
         assert not ConsumerRun.objects.filter(update=middle).exists()
         other.rollback()  # the other router failed: the update is still new, for the next router
 
-    assert services.inbox_updates_route(bot.pk) == 1
+    assert routing.inbox_updates_route(bot.pk) == 1
     assert InboundUpdate.objects.filter(attempts=1).count() == 3  # each routed once
     runs = list(ConsumerRun.objects.values_list("update_id", "consumer"))
     assert len(runs) == len(set(runs))
@@ -166,7 +166,7 @@ def test_the_webhooks_wake_ups_leave_from_a_thread_and_a_burst_still_wakes_one_r
     assert queued_tasks() == ["bots.route_bot"]
     forget_queued_tasks()
 
-    assert services.inbox_router_run(bot.pk) == 30
+    assert routing.inbox_router_run(bot.pk) == 30
     forget_queued_tasks()  # the runs' tasks
     store_at_the_webhook(bot, 1, chat_id=950)  # the router let go: the next update wakes one
     assert queued_tasks() == ["bots.route_bot"]
@@ -249,36 +249,36 @@ def test_a_quiet_process_wakes_in_the_callers_thread_and_a_busy_one_leaves_it_to
 
 
 def test_a_quiet_webhook_nudges_the_router_holding_the_key_before_its_request_returns(bot, monkeypatch) -> None:
-    monkeypatch.setattr(services._router_wake_soon, "_at_once_after", 0.0)  # an earlier test's Redis failure
+    monkeypatch.setattr(routing._router_wake_soon, "_at_once_after", 0.0)  # an earlier test's Redis failure
     store_at_the_webhook(bot, 1)  # no router: the thread publishes one, which holds the key
     assert queued_tasks() == ["bots.route_bot"]
     forget_queued_tasks()
-    nudges = wakeups.nudges_key(services._router_key(bot.pk))
+    nudges = wakeups.nudges_key(routing._router_key(bot.pk))
     client = redis.Redis.from_url(settings.REDIS_URL)
     client.delete(nudges)
     time.sleep(0.05)
 
-    services.inbox_update_store(bot=bot, payload=message_update(chat_id=960, text="hi", message_id=1), wake_soon=True)
+    inbox.inbox_update_store(bot=bot, payload=message_update(chat_id=960, text="hi", message_id=1), wake_soon=True)
     # No flush: the nudge left with the request, one round trip, no publish.
     assert client.llen(nudges) == 1
-    assert services.inbox_router_wakes_flush(timeout=10)
+    assert routing.inbox_router_wakes_flush(timeout=10)
     assert queued_tasks() == []
-    assert services.inbox_router_run(bot.pk) == 2  # the router that held the key routes both
+    assert routing.inbox_router_run(bot.pk) == 2  # the router that held the key routes both
 
 
 def test_with_redis_failing_a_quiet_webhook_tries_it_in_the_request_once_then_leaves_it_to_the_thread(
     bot, monkeypatch, caplog
 ) -> None:
-    monkeypatch.setattr(services._router_wake_soon, "_at_once_after", 0.0)
+    monkeypatch.setattr(routing._router_wake_soon, "_at_once_after", 0.0)
     store_at_the_webhook(bot, 1)  # the thread is running
     forget_queued_tasks()
     with limiter_redis_at("redis://127.0.0.1:9/0"):
         for i in range(3):
             time.sleep(0.05)
-            services.inbox_update_store(
+            inbox.inbox_update_store(
                 bot=bot, payload=message_update(chat_id=970 + i, text="hi", message_id=1), wake_soon=True
             )
-            assert services.inbox_router_wakes_flush(timeout=10)
+            assert routing.inbox_router_wakes_flush(timeout=10)
     assert len([r for r in caplog.records if r.getMessage().startswith("could not nudge")]) == 1
     assert queued_tasks() == ["bots.route_update"] * 3  # each still got its task, from the thread
 

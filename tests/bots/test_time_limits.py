@@ -14,8 +14,8 @@ from django.core.management.base import SystemCheckError
 from django.test import override_settings
 
 from bots import registry
+from bots.inbox import inbox_update_store
 from bots.models import ConsumerRun, RunState
-from bots.services import inbox_update_store
 from outbox.models import DeadLetter
 from tests.bots.fakes import execute, message_update, receive, run_of
 from tests.support import Process, start_worker, wait_until

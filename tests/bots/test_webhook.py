@@ -12,7 +12,7 @@ from django.db import connection
 from django.test import Client, override_settings
 from django.test.utils import CaptureQueriesContext
 
-from bots import services
+from bots import inbox
 from bots.models import Bot, InboundUpdate, UpdateState
 
 pytestmark = pytest.mark.django_db
@@ -199,8 +199,8 @@ def test_a_bot_deactivated_or_given_a_new_secret_is_refused_at_once_here_and_soo
 
     # Another process deactivates it (no signal reaches this one): refused once the cache
     # entry is older than BOT_CACHE_SECONDS.
-    monkeypatch.setattr(services, "BOT_CACHE_SECONDS", 0.2)
-    services.forget_bot()
+    monkeypatch.setattr(inbox, "BOT_CACHE_SECONDS", 0.2)
+    inbox.forget_bot()
     assert post(client, bot, message_update(4)).status_code == 200
     Bot.objects.filter(pk=bot.pk).update(is_active=False)
     time.sleep(0.3)
@@ -422,7 +422,7 @@ def test_trace_ids_differ_across_forked_processes_and_calls() -> None:
     # gunicorn forks its workers from one master: each child draws its own trace ids.
     import multiprocessing
 
-    from bots.services import new_trace_id
+    from bots.inbox import new_trace_id
 
     with multiprocessing.get_context("fork").Pool(2) as pool:
         drawn = pool.map(_trace_ids, [50, 50])
@@ -434,6 +434,6 @@ def test_trace_ids_differ_across_forked_processes_and_calls() -> None:
 
 
 def _trace_ids(n: int) -> list[str]:
-    from bots.services import new_trace_id
+    from bots.inbox import new_trace_id
 
     return [new_trace_id() for _ in range(n)]

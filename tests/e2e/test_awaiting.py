@@ -105,7 +105,7 @@ def awaiting_app_worker(process_env: dict[str, str], processes: list[Process], m
 def test_a_model_that_never_answers_times_each_run_out_without_holding_up_the_others(
     process_env: dict[str, str], processes: list[Process], sandbox, bot_factory, model: FakeModel
 ) -> None:
-    from bots.services import inbox_update_store
+    from bots.inbox import inbox_update_store
     from tests.bots.fakes import message_update
 
     model.delay = 0.3
@@ -140,7 +140,7 @@ def test_a_model_that_never_answers_times_each_run_out_without_holding_up_the_ot
 def test_a_model_answering_429_is_retried_with_backoff_then_dead_lettered(
     process_env: dict[str, str], processes: list[Process], bot_factory, model: FakeModel
 ) -> None:
-    from bots.services import inbox_update_store
+    from bots.inbox import inbox_update_store
     from tests.bots.fakes import message_update
 
     model.mode, model.status = "status", 429

@@ -324,8 +324,9 @@ def test_a_drain_killed_after_its_batch_was_answered_leaves_every_started_send_u
 def test_a_router_killed_after_its_inline_runs_leaves_them_to_the_sweeper_and_the_reply_goes_once(
     process_env: dict[str, str], processes: list[Process], sandbox, bot_factory
 ) -> None:
+    from bots.inbox import inbox_update_store
     from bots.models import ConsumerRun, RunState
-    from bots.services import inbox_router_wake, inbox_update_store
+    from bots.routing import inbox_router_wake
     from tests.bots.fakes import message_update
 
     bot = bot_factory(responder="echo")

@@ -61,7 +61,8 @@ def test_a_slow_bot_api_does_not_hold_up_the_routing_of_the_next_update(
 def test_a_live_worker_keeps_a_run_longer_than_its_lease_and_nobody_takes_it_over(
     process_env: dict[str, str], processes: list, bot_factory
 ) -> None:
-    from bots.services import inbox_router_wake, inbox_update_store
+    from bots.inbox import inbox_update_store
+    from bots.routing import inbox_router_wake
     from tests.bots.fakes import message_update
 
     lease = 1  # renewed every third of a second by the worker that runs it
@@ -92,7 +93,8 @@ def test_a_live_worker_keeps_a_run_longer_than_its_lease_and_nobody_takes_it_ove
 def test_a_killed_routers_inline_runs_are_taken_over_within_the_default_lease(
     process_env: dict[str, str], processes: list, sandbox, bot_factory
 ) -> None:
-    from bots.services import inbox_router_wake, inbox_update_store
+    from bots.inbox import inbox_update_store
+    from bots.routing import inbox_router_wake
     from tests.bots.fakes import message_update
 
     assert settings.DOVECOTE_CONSUMER_LEASE_SECONDS <= 30  # the production default under test

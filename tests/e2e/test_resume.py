@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 from django.db import connection
 
-from bots import services
+from bots import inbox, routing
 from bots.models import ConsumerRun, RunState
 from tests.conftest import make_bot
 from tests.private_postgres import PrivatePostgres
@@ -45,8 +45,8 @@ def test_a_run_cut_off_by_a_postgresql_crash_is_run_again_by_its_worker_once_pos
     user = {"id": 42, "is_bot": False, "first_name": "Ada"}
     message = {"message_id": 1, "from": user, "chat": {**user, "type": "private"}, "date": 1, "text": "a lead"}
     payload = {"update_id": 1, "message": message}
-    services.inbox_update_receive(bot=bot, payload=payload, body=None, trace_id="resume-test")
-    services.inbox_router_wake(bot.pk)
+    inbox.inbox_update_receive(bot=bot, payload=payload, body=None, trace_id="resume-test")
+    routing.inbox_router_wake(bot.pk)
 
     wait_until(lambda: crm.posts, timeout=60, message="the CRM run to start")
     crashable_db.crash()  # the run is `running`, its POST out

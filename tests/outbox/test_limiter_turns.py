@@ -10,7 +10,8 @@ from collections.abc import Iterator
 import pytest
 from django.test import override_settings
 
-from bots.services import inbox_update_store, inbox_updates_route
+from bots.inbox import inbox_update_store
+from bots.routing import inbox_updates_route
 from core import connections
 from outbox import ratelimit
 from outbox.models import OutboundMessage, State

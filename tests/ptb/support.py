@@ -8,8 +8,8 @@ from typing import Any
 
 from django.test import override_settings
 
+from bots.inbox import inbox_update_store
 from bots.models import Bot, ConsumerRun, InboundUpdate, RunState
-from bots.services import inbox_update_store
 from reconciliation.sweeper import sweep
 from tests.support import Process, start_worker
 

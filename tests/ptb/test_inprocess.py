@@ -11,7 +11,8 @@ from bots import registry
 from bots.models import ConsumerRun, RunState
 from bots.ptb import ptb_consumer
 from bots.ptb.models import CallKind, HandlerCall
-from bots.services import consumer_run_execute, inbox_update_route
+from bots.routing import inbox_update_route
+from bots.runs import consumer_run_execute
 from outbox.models import OutboundMessage, State
 from tests.ptb.support import user_presses, user_writes
 

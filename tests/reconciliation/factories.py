@@ -8,8 +8,8 @@ from typing import Any
 
 from django.utils import timezone
 
+from bots.inbox import inbox_update_store
 from bots.models import Bot, InboundUpdate
-from bots.services import inbox_update_store
 from outbox.models import Attempt, OutboundMessage, State
 
 _update_ids = itertools.count(7_000_000)

@@ -14,7 +14,7 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from bots.services import inbox_update_store
+from bots.inbox import inbox_update_store
 from outbox.models import DeadLetter, ErrorClass, State
 from tests.reconciliation.factories import message_row
 from tests.reconciliation.telegram_updates import BODIES, sent_message, update_of

@@ -12,8 +12,8 @@ from django.db import connection
 from django.test import override_settings
 from django.utils import timezone
 
+from bots.inbox import inbox_update_store
 from bots.models import ChatState, ConsumerRun, HandlerCall, InboundUpdate, RunState, UpdateState
-from bots.services import inbox_update_store
 from outbox.models import Attempt, DeadLetter, DeadLetterStatus, OutboundMessage, State
 from reconciliation.models import (
     AuditEntry,

@@ -10,7 +10,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from bots.models import Bot
-from bots.services import PollingConflict, inbox_poll_fetch, inbox_poll_store
+from bots.polling import PollingConflict, inbox_poll_fetch, inbox_poll_store
 from outbox import botapi
 
 
