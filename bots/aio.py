@@ -1,31 +1,12 @@
 """Awaiting consumer runs: many per worker process, on one event loop.
 
 A consumer that waits on the network (a model, a CRM) would hold a Celery process for the
-whole wait: one model call in flight per process. Its awaiting form (an `async def`,
-bots/registry.py) runs instead on the process's one event loop - the loop the Bot API client
-already runs in a daemon thread (outbox/botapi.py), so python-telegram-bot handlers can run
-on it too (`loop()`, `submit()`: never an `asyncio.run` per run) - up to
-DOVECOTE_ASYNC_CONCURRENCY runs at once.
-
-The rules are those of a run in a Celery task (bots/runs.py):
-
-- claimed once, before it starts, by the synchronous caller (the router that wrote it, or a
-  `bots.run_consumer` task for a retry or a sweeper's redispatch), holding a slot first, so
-  a claimed run never waits for room;
-- its lease renewed by the process's lease keeper (core/workers.py) while it is alive;
-- its time limit an `asyncio.timeout` around the consumer: a failed, transient attempt;
-- settled by the same function as a task's run (`runs.consumer_run_settle_failure`), or
-  marked done.
-
-Database work goes through `db()`: one synchronous function at a time, run whole in one of
-DOVECOTE_ASYNC_DB_CONNECTIONS threads, each owning its own Django connection. A transaction
-opened there ends before the function returns: no transaction (and no connection) is ever
-held across an `await`, and a hundred runs in flight share those few connections.
-
-Replies written by a run are handed to the bot's drain (outbox/dispatch.py) once committed,
-as any message written outside a worker's own send: the drain paces them at the bot's rate.
-The replies of one chat keep the order of its messages (`ConsumerContext.in_turn`).
-"""
+whole wait. Its awaiting form (an `async def`, bots/registry.py) runs instead on the process's
+one event loop - the loop the Bot API client already runs in a daemon thread
+(outbox/botapi.py), so python-telegram-bot handlers can run on it too (`loop()`, `submit()`) -
+up to DOVECOTE_ASYNC_CONCURRENCY runs at once, with the rules of a run in a Celery task
+(bots/runs.py). Database work goes through `db()`, in one of DOVECOTE_ASYNC_DB_CONNECTIONS
+threads; no transaction is held across an `await`. How a run goes: docs/AWAITING.md."""
 
 from __future__ import annotations
 

@@ -228,7 +228,6 @@ def epoch_key() -> str:
 
 def _both_answer() -> bool:
     import redis
-    from django.db import DatabaseError, connection
 
     from core import connections
 
@@ -236,13 +235,7 @@ def _both_answer() -> bool:
         connections.shared_redis().set(epoch_key(), b"1")
     except redis.RedisError:
         return False
-    try:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT 1")
-    except DatabaseError:
-        connection.close()
-        return False
-    return True
+    return connections.check_database()[0]
 
 
 outage_watch = OutageWatch()

@@ -4,10 +4,9 @@ An ordered message may be sent only when no earlier ordered message (smaller id)
 bot and chat is still open: `retry`, `sending`, or `pending` and due (a `send_at` in the future
 does not hold the chat up). `unknown`, `failed`, `cancelled` and `sent` never block; unordered
 messages never wait and never block. Every path that chooses what to send next uses this
-module or its SQL (outbox/sql.py `blocked`), so the rule is written once. Every write of an
-ordered message takes its chat's write lock first (`write_lock`, in key order: two writers of
-the same chats never wait for each other in a circle), so a check never misses an earlier
-uncommitted message. Why: docs/DESIGN.md."""
+module or its SQL (outbox/sql.py `blocked`). Every write of an ordered message takes its
+chat's write lock first (`write_lock`), so a check never misses an earlier uncommitted
+message. Why: docs/DESIGN.md."""
 
 from __future__ import annotations
 

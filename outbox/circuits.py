@@ -3,14 +3,11 @@ endpoint: ``consumer:<name>``).
 
 closed -> open: an auth error, or FAILURES_TO_OPEN failures in a row; the queue is kept and one
 alert is logged per opening. open -> half_open: at ``next_probe_at`` one caller wins and sends a
-single probe (a bot's is a getMe task of its own, outbox/sending/probe.py, published for
-``next_probe_at``: probes come every few seconds while the outage lasts, not at the sweeper's
-ticks), under DOVECOTE_CIRCUIT_PROBE_LEASE_SECONDS (a bot's: its Bot API timeouts and a margin, if
-shorter). half_open -> closed on success: the retries
-the outage scheduled are made due at once and the drain sends them at the limiter's pace
-(`on_bot_closed`). half_open -> open on failure, the next probe waiting twice as long, up to
-the modest DOVECOTE_CIRCUIT_MAX_PROBE_SECONDS. A manual pause has no probe and is lifted only by
-`resume`. The state machine: docs/ARCHITECTURE.md."""
+single probe (a bot's: outbox/sending/probe.py). half_open -> closed on success: the bot's
+backlog is released through its drain (`on_bot_closed`). half_open -> open on failure, the next
+probe waiting twice as long, up to DOVECOTE_CIRCUIT_MAX_PROBE_SECONDS. A manual pause has no
+probe and is lifted only by `resume`. The state machine: docs/ARCHITECTURE.md; why:
+docs/DESIGN.md."""
 
 from __future__ import annotations
 

@@ -37,7 +37,7 @@ def dispatch(
 
     Given its `bot_id`, a message due now wakes the bot's batched drain (sending/batch.py)
     instead of getting a task of its own; a wait or a reserved slot keeps the one-message
-    task (and so does everything without the drain's machinery: the demo)."""
+    task (and so does every message with DOVECOTE_DRAIN_BATCH_SIZE=1: no drain)."""
     if countdown > policy.MAX_BROKER_COUNTDOWN_SECONDS:
         return False  # the sweeper picks it up when due
     if bulk and bot_id is not None and drain_enabled():

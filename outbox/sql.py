@@ -1,14 +1,12 @@
 """The outbox's hand-written SQL, every statement in one place and named (migrations aside).
 
-The send path's statements are written by hand because the ORM's query building cost more CPU
-than PostgreSQL spent running them (docs/PERFORMANCE.md); the rules they share (a chat's
-order, a circuit that holds its bot) are fragments here too, so that each is written once.
-Table names come from the models' _meta and states from their choices, put in the text once
-(at import, or on first use where the bot model is needed: outbox imports nothing from bots);
-values are always parameters. They run through Django's cursor: the hot ones through
-core/rows.py (`fetch`, `execute`: prepared once per connection), the rest through
-`connection.cursor()`. What they return is plain tuples, or model instances built here
-(`message`, `bot_and_circuit_of`) as a queryset would build them."""
+The send path's statements are written by hand for their CPU (docs/DESIGN.md); the rules they
+share (a chat's order, a circuit that holds its bot) are fragments here, written once. Table
+names come from the models' _meta and states from their choices, put in the text once; values
+are always parameters. They run through Django's cursor: the hot ones through core/rows.py
+(`fetch`, `execute`: prepared once per connection), the rest through `connection.cursor()`.
+What they return is plain tuples, or model instances built here (`message`,
+`bot_and_circuit_of`) as a queryset would build them."""
 
 from __future__ import annotations
 
@@ -103,12 +101,8 @@ def claim_batch(*, bulk: bool, by_ids: bool) -> str:
     skipping rows another worker holds, chats whose order holds them and everything while
     the bot's circuit is not closed; returns each message's columns and whether its circuit
     has failures to forget. `bulk`: broadcasts only, else replies only. Parameters: bot id,
-    now, due since, [ids], now, scope, limit, worker, lease until, now, scope.
-
-    The pick is a CTE so that it runs once: as an `id IN (subquery)` PostgreSQL may run it
-    again for each row, and each run skips the rows the statement has just locked, so the
-    LIMIT would not hold. Ordered by next_attempt_at alone, the order of outbox_due_idx, so
-    that the scan stops at the LIMIT; with an `id` tie-break PostgreSQL sorted every due row."""
+    now, due since, [ids], now, scope, limit, worker, lease until, now, scope. Why a CTE and
+    no tie-break in the order: docs/DESIGN.md (`claim_batch`)."""
     lane = "q.broadcast <> ''" if bulk else "q.broadcast = ''"
     return f"""
         WITH picked AS MATERIALIZED (

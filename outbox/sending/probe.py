@@ -1,18 +1,13 @@
 """A bot's circuit probe, and the release of its backlog when the circuit closes.
 
-While a bot's circuit is open nothing of its queue is sent, and nothing it holds would
-wake anyone: so whenever the circuit opens or a probe fails (outbox/circuits.py), a probe
-task is published for `next_probe_at` (one per bot: a wake-up key coalesces them). The
-probe is one getMe with the bot's token: it needs no message of the queue (no chat's order
-to keep, no retry budget spent) and it fails exactly as sends would, a 401 with the auth
-error, a 5xx or a refused connection with the outage. The sweeper still wakes a probe for
-an open circuit whose task was lost.
+Whenever a bot's circuit opens or a probe fails (outbox/circuits.py), a probe task is
+published for `next_probe_at` (one per bot: a wake-up key coalesces them). The probe is one
+getMe: it spends no message's retry budget and fails exactly as sends would. The sweeper
+still wakes a probe for an open circuit whose task was lost.
 
-When the circuit closes (a probe, or any send, succeeded; an operator resumed it), or a
-success ends failures too few to open it, the retries the outage scheduled are made due
-again where they stood in the queue and the bot's drain is woken: the backlog leaves in
-the order it was written, at the rate limiter's pace, not at the sweeper's ticks.
-"""
+When the circuit closes, the retries the outage scheduled are made due again where they stood
+in the queue and the bot's drain is woken: the backlog leaves in the order it was written, at
+the rate limiter's pace, not at the sweeper's ticks. Why: docs/DESIGN.md (`outbox/circuits.py`)."""
 
 from __future__ import annotations
 
