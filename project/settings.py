@@ -344,7 +344,7 @@ DOVECOTE_REDISPATCH_GRACE_SECONDS = env.float("DOVECOTE_REDISPATCH_GRACE_SECONDS
 # long), and how long a probe holds the circuit before another may be sent (its worker may
 # have died).
 DOVECOTE_CIRCUIT_FIRST_PROBE_SECONDS = env.float("DOVECOTE_CIRCUIT_FIRST_PROBE_SECONDS", default=1.0)
-DOVECOTE_CIRCUIT_MAX_PROBE_SECONDS = env.float("DOVECOTE_CIRCUIT_MAX_PROBE_SECONDS", default=4.0)
+DOVECOTE_CIRCUIT_MAX_PROBE_SECONDS = env.float("DOVECOTE_CIRCUIT_MAX_PROBE_SECONDS", default=2.0)
 DOVECOTE_CIRCUIT_PROBE_LEASE_SECONDS = env.float("DOVECOTE_CIRCUIT_PROBE_LEASE_SECONDS", default=60.0)
 # A retention pass (payload purges, pruning) runs at most this often once it has finished
 # everything; while a backlog is left, every sweep continues it (reconciliation/retention.py).
