@@ -117,18 +117,21 @@ def _survive_a_lost_redis() -> None:
             self._delivered.clear()
             return None
 
-    def on_open_channel(settle: Any) -> Any:
+    def unless_closed(settle: Any) -> Any:
         def settle_unless_closed(self: Any, delivery_tag: Any, *args: Any, **kwargs: Any) -> Any:
-            if self.channel.connection is None:  # closed with the connection it came through
+            try:
+                return settle(self, delivery_tag, *args, **kwargs)
+            except AttributeError:
+                if self.channel.connection is not None:  # not the channel closed with the connection
+                    raise
                 logger.warning("message %s came through a lost broker connection: left to redelivery", delivery_tag)
                 return None
-            return settle(self, delivery_tag, *args, **kwargs)
 
         return settle_unless_closed
 
     qos.restore_unacked = restore_unacked
-    qos.ack = on_open_channel(ack)
-    qos.reject = on_open_channel(reject)
+    qos.ack = unless_closed(ack)
+    qos.reject = unless_closed(reject)
 
 
 _survive_a_lost_redis()
