@@ -35,6 +35,9 @@ def test_a_worker_goes_on_after_redis_restarts_under_a_running_task(
     sandbox.fault("slow", method="sendMessage", delay=SLOW, count=1)
     env = {**process_env, "REDIS_URL": private_redis.url, "DOVECOTE_TELEGRAM_READ_TIMEOUT": str(SLOW + 5)}
     with chaos.broker_at(private_redis.url):
+        # Two processes: with one task running the consumer still waits on Redis for another
+        # (BRPOP), so the reconnect's first close of its channel fails and the connection is
+        # torn down before the channel is closed, the order seed 1 met.
         worker = start_worker(env, concurrency=2)
         processes.append(worker)
 
