@@ -85,31 +85,53 @@ def metrics_ship(**kwargs: Any) -> None:
     ship()
 
 
-def _survive_a_lost_redis_on_restore() -> None:
-    """kombu 5.7's Redis transport, closing a channel after the broker connection was lost,
-    restores the worker's unacknowledged messages through a connection that is already gone
-    (`'NoneType' object has no attribute 'hostname'`), and the worker dies of it instead of
-    reconnecting (seen with a Redis restart: tests/e2e/test_fault_schedules.py). Skip that
-    restore when it fails: the messages stay in Redis's unacked set and come back after the
-    visibility timeout, and if Redis lost them, the sweeper redispatches their rows."""
+def _survive_a_lost_redis() -> None:
+    """kombu 5.7's Redis transport, after the broker connection was lost, still uses the
+    channel it closed, whose connection is already gone, and the worker dies of the
+    AttributeError instead of reconnecting (seen with a Redis restart:
+    tests/e2e/test_fault_schedules.py, tests/e2e/test_redis_restart.py):
+
+    - closing the channel, it restores the worker's unacknowledged messages through it
+      (`'NoneType' object has no attribute 'hostname'`);
+    - a task that finishes after the loss (acks_late) is acknowledged, or rejected, on it
+      (`... no attribute 'client'`).
+
+    Both are skipped instead: the messages stay in Redis's unacked set and come back after
+    the visibility timeout (a task run again finds its rows done), and if Redis lost them,
+    the sweeper redispatches their rows."""
     import logging
 
     import redis
     from kombu.transport import redis as kombu_redis
 
-    original = kombu_redis.QoS.restore_unacked
+    qos = kombu_redis.QoS
+    restore, ack, reject = qos.restore_unacked, qos.ack, qos.reject
     logger = logging.getLogger(__name__)
 
     def restore_unacked(self: Any, client: Any = None) -> Any:
         try:
-            return original(self, client)
+            return restore(self, client)
         except (AttributeError, redis.RedisError) as exc:
             unacked = len(self._delivered)
             logger.warning("broker connection lost: %d unacknowledged message(s) left to redelivery (%r)", unacked, exc)
             self._delivered.clear()
             return None
 
-    kombu_redis.QoS.restore_unacked = restore_unacked
+    def unless_closed(settle: Any) -> Any:
+        def settle_unless_closed(self: Any, delivery_tag: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return settle(self, delivery_tag, *args, **kwargs)
+            except AttributeError:
+                if self.channel.connection is not None:  # not the channel closed with the connection
+                    raise
+                logger.warning("message %s came through a lost broker connection: left to redelivery", delivery_tag)
+                return None
+
+        return settle_unless_closed
+
+    qos.restore_unacked = restore_unacked
+    qos.ack = unless_closed(ack)
+    qos.reject = unless_closed(reject)
 
 
-_survive_a_lost_redis_on_restore()
+_survive_a_lost_redis()

@@ -35,6 +35,7 @@ from tests.support import Process, free_port, start_web, start_worker
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(480)]
 
+# Seed 1 also found a worker dying of a Redis restart (tests/e2e/test_redis_restart.py).
 FIXED_SEEDS = [1, 2, 3]
 # Seeds that once broke the promise, kept as regressions (see docs/RELIABILITY.md):
 # 9 - a consumer run held by the killed worker (the echo reply to a webhook message) must be
