@@ -61,6 +61,9 @@ def own_claims(before: datetime) -> dict[str, int]:
     sends = {"released": 0, "unknown": 0}
     released = []
     claimed = OutboundMessage.objects.filter(state=State.SENDING, lease_owner=worker, updated_at__lt=before)
+    # So is a send whose request is still out here (its answer awaited by a batch or the
+    # late-answers thread, outbox/sending/answers.py): released, it would turn unknown.
+    claimed = claimed.exclude(pk__in=lease_keeper.held("send"))
     for pk in claimed.values_list("pk", flat=True)[:BATCH]:
         outcome = outbox_transitions.recover_expired_lease(pk, worker=worker, claimed_before=before)
         if outcome in sends:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from core.failpoints import failpoint
 from core.logs import current_trace_id
+from core.workers import lease_keeper
 from outbox import botapi, policy, ratelimit, transitions
 from outbox.dispatch import dispatch
 from outbox.models import Attempt, ErrorClass, OutboundMessage
@@ -66,6 +67,20 @@ class InFlight:
         self.deadline = time.monotonic()
         self.answered = False
         self.circuit_dirty = False  # a success still to be written to the bot's circuit (late answers)
+        self.holding: set[int] = set()
+
+    def hold(self, messages: list[OutboundMessage]) -> None:
+        """From before their attempts until their answers are recorded these sends are this
+        process's, wherever it waits for them (here or the late-answers thread): taking up
+        its claims after an outage (reconciliation/resume.py) leaves them alone."""
+        ids = [m.pk for m in messages]
+        self.holding.update(ids)
+        lease_keeper.hold("send", ids)
+
+    def let_go(self, ids: list[int] | set[int]) -> None:
+        ids = [pk for pk in ids if pk in self.holding]
+        self.holding.difference_update(ids)
+        lease_keeper.let_go("send", ids)
 
     def add(self, started, *, deadline: float) -> None:
         for future, message in started:
@@ -91,17 +106,21 @@ class InFlight:
             ratelimit.leave([self.entries.pop(m.pk) for m, _ in outcomes if m.pk in self.entries])
         if not outcomes:
             return
-        self.held = with_outcome_write_retries(
-            lambda: record(
-                outcomes,
-                self.attempts,
-                worker=self.worker,
-                report=self.report,
-                held=self.held,
-                next_in_chat=self.next_in_chat,
-            ),
-            message_ids=[m.pk for m, _ in outcomes],
-        )
+        try:
+            self.held = with_outcome_write_retries(
+                lambda: record(
+                    outcomes,
+                    self.attempts,
+                    worker=self.worker,
+                    report=self.report,
+                    held=self.held,
+                    next_in_chat=self.next_in_chat,
+                ),
+                message_ids=[m.pk for m, _ in outcomes],
+            )
+        finally:
+            # Recorded, or left `sending` with their attempts for the sweeper (or an outage's take-up).
+            self.let_go({m.pk for m, _ in outcomes})
 
 
 def record(

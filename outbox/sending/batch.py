@@ -275,11 +275,23 @@ def _send(
     `answer_wait`: once every request is out, wait this long for the answers at most; those
     still out are then recorded by this process's late-answers thread (sending/late.py), so
     that a slow Bot API does not hold the caller (a router sending what it routed)."""
-    start = time.monotonic()
-    schedule = sorted(go, key=lambda item: item[1])
     # Each send's place in the bot's window, from its slot until its answer (ratelimit.leave);
     # some may come with it already (`_take_turns`).
     answers = InFlight(bot, worker=worker, report=report, held=held, next_in_chat=next_in_chat, entries=entries)
+    try:
+        return _send_in_flight(bot, go, answers, circuit_dirty=circuit_dirty, answer_wait=answer_wait)
+    except BaseException:
+        # Those still out are this process's no more: the sweeper's, or an outage's take-up's.
+        answers.let_go(set(answers.holding))
+        raise
+
+
+def _send_in_flight(
+    bot, go: list[tuple[OutboundMessage, float]], answers: InFlight, *, circuit_dirty: bool, answer_wait: float | None
+) -> float | None:
+    worker, report = answers.worker, answers.report
+    start = time.monotonic()
+    schedule = sorted(go, key=lambda item: item[1])
     sent_before = report.sent
     hand_off_at = None if answer_wait is None else start + answer_wait
     while schedule or answers.pending:
@@ -290,8 +302,10 @@ def _send(
             due, answers.held = _window(
                 bot, due, worker=worker, report=report, held=answers.held, entries=answers.entries
             )
+            answers.hold(due)
             begun = transitions.begin_attempts(due, worker=worker)
             answers.attempts.update(begun)
+            answers.let_go({m.pk for m in due} - begun.keys())
             ratelimit.leave(
                 [answers.entries.pop(m.pk) for m in due if m.pk not in begun and m.pk in answers.entries], sent=False
             )

@@ -106,6 +106,7 @@ class LateAnswers:
             # Its messages stay `sending` with their attempts: the sweeper settles them as
             # any send cut off mid-request.
             logger.exception("recording late answers of messages %s failed", [m.pk for m in batch.futures.values()])
+            batch.let_go(set(batch.holding))
             close_old_connections()
             return True
         return not batch.pending

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from core.failpoints import failpoint, uncommitted
 from core.logs import current_trace_id
-from core.workers import worker_id
+from core.workers import lease_keeper, worker_id
 from outbox import botapi, circuits, ratelimit, selectors, transitions
 from outbox.dispatch import Held, dispatch, drain_enabled, kick_chat
 from outbox.models import ErrorClass, OutboundMessage, State
@@ -100,25 +100,28 @@ def outbound_message_send(message_id: int, *, slot_reserved: bool = False, only_
         kick_chat(message)
         return SendResult("vetoed")
 
-    attempt = transitions.begin_attempts([message], worker=worker).get(message.pk)
-    if attempt is None:
-        ratelimit.leave(entries, sent=False)
-        return SendResult("lease-lost")
-    failpoint("before_request")
-    outcome = botapi.call(
-        token=message.bot.token,
-        base_url=message.bot.api_base_url,
-        method=message.method,
-        params={"chat_id": message.chat_id, **message.payload},
-        bot_name=message.bot.name,
-    )
-    # Left before the outcome is recorded: the chat's next message, handed on by it, finds
-    # the chat's gate as the answer left it.
-    ratelimit.leave(entries)
-    failpoint("after_response")
-    result = with_outcome_write_retries(
-        lambda: record_outcome(message, worker=worker, attempt=attempt, outcome=outcome), message_ids=[message.pk]
-    )
+    # From its attempt until its outcome is recorded the send is this process's: taking up its
+    # claims after an outage (reconciliation/resume.py) leaves it alone.
+    with lease_keeper.holding("send", [message.pk]):
+        attempt = transitions.begin_attempts([message], worker=worker).get(message.pk)
+        if attempt is None:
+            ratelimit.leave(entries, sent=False)
+            return SendResult("lease-lost")
+        failpoint("before_request")
+        outcome = botapi.call(
+            token=message.bot.token,
+            base_url=message.bot.api_base_url,
+            method=message.method,
+            params={"chat_id": message.chat_id, **message.payload},
+            bot_name=message.bot.name,
+        )
+        # Left before the outcome is recorded: the chat's next message, handed on by it, finds
+        # the chat's gate as the answer left it.
+        ratelimit.leave(entries)
+        failpoint("after_response")
+        result = with_outcome_write_retries(
+            lambda: record_outcome(message, worker=worker, attempt=attempt, outcome=outcome), message_ids=[message.pk]
+        )
     failpoint("after_record")
     return result
 
