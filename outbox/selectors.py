@@ -9,6 +9,8 @@ from django.utils import timezone
 
 from core import rows
 from outbox import chat_order, circuits, sql
+from outbox import methods as _methods
+from outbox import policy as _policy
 from outbox.models import Circuit, OutboundMessage, State
 from outbox.splitting import MAX_PARTS, part_key
 
@@ -114,8 +116,6 @@ def api_client_payload_access(user: Model) -> bool:
 # --- The outbox's reads for the bots app ----------------------------------------------------
 # bots uses the outbox through services, selectors (here), models and botapi only (the
 # import-linter contract "bots uses the outbox through its surface", pyproject.toml).
-from outbox import methods as _methods  # noqa: E402
-from outbox import policy as _policy  # noqa: E402
 
 # A consumer's circuit scope (`consumer:<name>`).
 consumer_scope = circuits.consumer_scope

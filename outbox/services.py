@@ -23,10 +23,13 @@ from core.logs import current_trace_id
 from core.payloads import plain
 from core.workers import worker_id
 from outbox import botapi, chat_order, retention, selectors, splitting, transitions
+from outbox import circuits as _circuits
 from outbox import dispatch as outbox_dispatch
+from outbox import effects as _effects
 from outbox.dispatch import dispatch, kick_chat
 from outbox.methods import SUPPORTED_METHODS, ordered_by_default
 from outbox.models import OnAmbiguous, OutboundMessage, State
+from outbox.sending import single as _single
 
 logger = logging.getLogger(__name__)
 
@@ -640,9 +643,6 @@ def outbound_messages_purge_payloads(*, older_than: datetime | None = None, batc
 # bots uses the outbox through services (actions, here), selectors (reads), models and the Bot
 # API client (botapi), nothing else: the import-linter contract "bots uses the outbox through
 # its surface" (pyproject.toml) checks it. Each an explicit name for an outbox function.
-from outbox import circuits as _circuits  # noqa: E402
-from outbox import effects as _effects  # noqa: E402
-from outbox.sending import single as _single  # noqa: E402
 
 # A consumer's circuit: opened for an auth error (its wait returned), closed again on success.
 circuit_open_for_auth = _circuits.open_for_auth
